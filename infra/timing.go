@@ -1,0 +1,505 @@
+// Package infra holds Mythex's deploy timing contract and the Pulumi program
+// that provisions the load balancer from it.
+//
+// Timing is the one definition of every number a rolling deploy depends on.
+// The target group, the compose definition, the hooks, the drain library and
+// TIMING.md all read it; none of them types a number of their own.
+//
+// A drain, as the fields below make it play out (TIMING.md draws it with the
+// production values):
+//
+//	SIGTERM            health answers 503, real requests are still served
+//	+ detection        every balancer node has seen UnhealthyThreshold failed
+//	                   checks (WorstCaseDetection)
+//	+ Drain            the listener closes; in-flight requests go on
+//	+ ShutdownTimeout  whatever is still running is cut
+//	+ StopGracePeriod  Docker sends SIGKILL (never reached: KillMargin)
+package infra
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/mythex/infra/drain"
+)
+
+// HealthPath is the route the balancer's health check and the containers'
+// own health checks ask, and the route the drain library answers 503 on.
+const HealthPath = "/healthz"
+
+// HealthyStatus is the one status the target group accepts as healthy (its
+// matcher). A draining server answers 503, which is outside it.
+const HealthyStatus = http.StatusOK
+
+// Timing is every number a deploy depends on. Durations are time.Duration,
+// counts are int; the zero value is invalid. Change a value only together
+// with the values it is related to: Validate names every relation it breaks.
+type Timing struct {
+	// HealthCheckInterval is how often each balancer node checks each target.
+	HealthCheckInterval time.Duration
+	// HealthCheckTimeout is how long one check may take before it counts as failed.
+	HealthCheckTimeout time.Duration
+	// UnhealthyThreshold is how many consecutive failed checks take a target out.
+	UnhealthyThreshold int
+	// HealthyThreshold is how many consecutive passed checks put a target back.
+	HealthyThreshold int
+	// NodeSkew is the least time the drain must outlast worst-case detection.
+	NodeSkew time.Duration
+
+	// Drain is how long a server keeps serving real traffic after its health
+	// endpoint starts answering 503.
+	Drain time.Duration
+	// ShutdownTimeout bounds in-flight requests after the listener closes.
+	ShutdownTimeout time.Duration
+	// KillMargin is the least time left between the end of ShutdownTimeout and
+	// Docker's SIGKILL.
+	KillMargin time.Duration
+	// StopGracePeriod is compose's stop_grace_period: Docker sends SIGKILL
+	// this long after SIGTERM.
+	StopGracePeriod time.Duration
+	// DeregistrationDelay is how long the balancer lets in-flight requests to
+	// a deregistered target finish.
+	DeregistrationDelay time.Duration
+
+	// LBIdleTimeout is the balancer's idle timeout on a connection.
+	LBIdleTimeout time.Duration
+	// AppKeepAlive is the application's idle keep-alive timeout.
+	AppKeepAlive time.Duration
+
+	// ContainerHealthInterval is how often Docker runs a container's own
+	// health check on the server.
+	ContainerHealthInterval time.Duration
+	// StartTimeout is how long a deploy or a watchdog restart waits for new
+	// containers to report healthy before it fails.
+	StartTimeout time.Duration
+	// LockWait is how long deploy and bootstrap wait for the server lock.
+	LockWait time.Duration
+
+	// WatchdogInterval is how often the watchdog checks every service.
+	WatchdogInterval time.Duration
+	// WatchdogStrikes is how many consecutive failed checks make the watchdog
+	// restart a service.
+	WatchdogStrikes int
+	// MaxPlannedDowntime is the longest a deploy keeps a service unhealthy on
+	// purpose.
+	MaxPlannedDowntime time.Duration
+}
+
+// Prod returns the production timing. Each value says why it is what it is.
+func Prod() Timing {
+	return Timing{
+		// The ALB's minimum. Detection time grows with it, and detection is
+		// what the drain has to outlast.
+		HealthCheckInterval: 5 * time.Second,
+		// The health endpoint answers from memory in microseconds; 3 s rides
+		// out a GC pause or a busy node without a false failure, and keeps
+		// worst-case detection at 13 s, inside the 15 s drain.
+		HealthCheckTimeout: 3 * time.Second,
+		// The ALB's minimum: out of rotation after two failed checks, so one
+		// dropped check never takes a healthy target out.
+		UnhealthyThreshold: 2,
+		// The ALB's minimum: a new server takes traffic 10 s after it is up,
+		// a cost a rolling deploy pays once per server; one lucky check never
+		// lets a flapping target back in.
+		HealthyThreshold: 2,
+		// ALB nodes check each target independently and apply a verdict a
+		// moment after reaching it; the drain must outlast the slowest node's
+		// worst case by at least a second.
+		NodeSkew: 1 * time.Second,
+
+		// Outlasts worst-case detection (13 s) by 2 s, so the balancer has
+		// provably stopped sending traffic before the listener closes.
+		Drain: 15 * time.Second,
+		// Mythex API requests finish in well under a second; 10 s lets a slow
+		// one finish instead of being cut.
+		ShutdownTimeout: 10 * time.Second,
+		// Time to flush logs and exit after the last request, so a clean
+		// shutdown is never mistaken for a kill (exit 0, not 137).
+		KillMargin: 5 * time.Second,
+		// Drain + ShutdownTimeout + KillMargin, in the whole seconds the
+		// Docker engine API takes.
+		StopGracePeriod: 30 * time.Second,
+		// Covers ShutdownTimeout, so the balancer never cuts a request the app
+		// is still allowed to finish; far below the AWS default of 300 s, which
+		// would stall every target removal for five minutes.
+		DeregistrationDelay: 30 * time.Second,
+
+		// The ALB default; no Mythex request streams longer than this idle.
+		LBIdleTimeout: 60 * time.Second,
+		// Longer than LBIdleTimeout, as AWS recommends: the balancer always
+		// closes an idle connection first, so it never reuses one the app has
+		// just closed (a 502).
+		AppKeepAlive: 75 * time.Second,
+
+		// A loopback request every second costs nothing and lets a deploy see
+		// a new container healthy within a second of it being ready.
+		ContainerHealthInterval: 1 * time.Second,
+		// The services start in about a second; a minute covers a cold disk
+		// and image layer setup with room to spare.
+		StartTimeout: 60 * time.Second,
+		// Outlasts the longest a watchdog restart holds the lock (stop grace +
+		// start timeout = 90 s), so a deploy arriving mid-restart waits it out
+		// instead of failing; a stuck holder still fails the job in minutes.
+		LockWait: 2 * time.Minute,
+
+		// Once a minute: a crashed process at 3 a.m. is back within minutes.
+		WatchdogInterval: 1 * time.Minute,
+		// Four strikes (the article): a service must fail for three whole
+		// intervals (180 s) before it is restarted, longer than any planned
+		// downtime (150 s).
+		WatchdogStrikes: 4,
+		// The article: a deploy drains services for up to 150 s.
+		MaxPlannedDowntime: 150 * time.Second,
+	}
+}
+
+// WorstCaseDetection is the longest a balancer node can keep routing to a
+// target after its health endpoint starts failing: a check passed just before
+// the drain began, then UnhealthyThreshold failed checks, the last of which
+// takes the full timeout.
+func (t Timing) WorstCaseDetection() time.Duration {
+	return t.HealthCheckInterval*time.Duration(t.UnhealthyThreshold) + t.HealthCheckTimeout
+}
+
+// DrainMargin is how long the drain outlasts worst-case detection.
+func (t Timing) DrainMargin() time.Duration {
+	return t.Drain - t.WorstCaseDetection()
+}
+
+// Reentry is how long a healthy new target waits before the balancer sends it
+// traffic: HealthyThreshold passed checks, one interval apart.
+func (t Timing) Reentry() time.Duration {
+	return t.HealthCheckInterval * time.Duration(t.HealthyThreshold)
+}
+
+// ReentryBound is the longest Reentry may be: the drain. A server must not
+// take longer to come back than it took to leave, so a rolling deploy never
+// has more than one server out of rotation for longer than one drain, and a
+// restarted server is not left idle while its neighbours carry its load.
+func (t Timing) ReentryBound() time.Duration {
+	return t.Drain
+}
+
+// ListenerCloses is when, after SIGTERM, the server stops accepting connections.
+func (t Timing) ListenerCloses() time.Duration {
+	return t.Drain
+}
+
+// ShutdownDeadline is when, after SIGTERM, the last in-flight request is cut.
+func (t Timing) ShutdownDeadline() time.Duration {
+	return t.Drain + t.ShutdownTimeout
+}
+
+// KillSlack is the time between ShutdownDeadline and Docker's SIGKILL.
+func (t Timing) KillSlack() time.Duration {
+	return t.StopGracePeriod - t.ShutdownDeadline()
+}
+
+// KeepAliveMargin is how much longer the app keeps an idle connection open
+// than the balancer does.
+func (t Timing) KeepAliveMargin() time.Duration {
+	return t.AppKeepAlive - t.LBIdleTimeout
+}
+
+// WatchdogTolerance is the longest outage the watchdog never acts on: an
+// outage shorter than (strikes − 1) intervals spans at most strikes − 1 checks.
+func (t Timing) WatchdogTolerance() time.Duration {
+	return t.WatchdogInterval * time.Duration(t.WatchdogStrikes-1)
+}
+
+// DeployDowntime is the longest one service is unhealthy on purpose during a
+// deploy: the old container may use its whole stop grace period, the new one
+// its whole start timeout.
+func (t Timing) DeployDowntime() time.Duration {
+	return t.StopGracePeriod + t.StartTimeout
+}
+
+// ServerDeployMin is the theoretical minimum time to deploy one server: the
+// old containers drain, then the balancer re-admits the new ones. Starting
+// containers and finishing in-flight requests are taken as instant.
+func (t Timing) ServerDeployMin() time.Duration {
+	return t.Drain + t.Reentry()
+}
+
+// ServerDeployMax is the longest a deploy of one server may take before it
+// fails: waiting for the lock, the whole stop grace, the whole start
+// timeout, and re-entry.
+func (t Timing) ServerDeployMax() time.Duration {
+	return t.LockWait + t.DeployDowntime() + t.Reentry()
+}
+
+// Scaled returns t with every duration multiplied by f and the counts kept,
+// so a rehearsal can run the real timeline in a fraction of the time. The
+// result keeps the invariants (ValidateInvariants) but not AWS's limits.
+func (t Timing) Scaled(f float64) Timing {
+	s := func(d time.Duration) time.Duration {
+		return time.Duration(math.Round(float64(d) * f))
+	}
+	t.HealthCheckInterval = s(t.HealthCheckInterval)
+	t.HealthCheckTimeout = s(t.HealthCheckTimeout)
+	t.NodeSkew = s(t.NodeSkew)
+	t.Drain = s(t.Drain)
+	t.ShutdownTimeout = s(t.ShutdownTimeout)
+	t.KillMargin = s(t.KillMargin)
+	t.StopGracePeriod = s(t.StopGracePeriod)
+	t.DeregistrationDelay = s(t.DeregistrationDelay)
+	t.LBIdleTimeout = s(t.LBIdleTimeout)
+	t.AppKeepAlive = s(t.AppKeepAlive)
+	t.ContainerHealthInterval = s(t.ContainerHealthInterval)
+	t.StartTimeout = s(t.StartTimeout)
+	t.LockWait = s(t.LockWait)
+	t.WatchdogInterval = s(t.WatchdogInterval)
+	t.MaxPlannedDowntime = s(t.MaxPlannedDowntime)
+	return t
+}
+
+// Rule names one relation or limit that Validate checks.
+type Rule string
+
+// The rules. Limits come from the ALB target group API; invariants are ours.
+const (
+	RulePositive          Rule = "positive"
+	RuleWholeSeconds      Rule = "whole-seconds"
+	RuleAWSRange          Rule = "aws-range"
+	RuleTimeoutBelowInt   Rule = "timeout-below-interval"
+	RuleDrainOutlasts     Rule = "drain-outlasts-detection"
+	RuleFitsGrace         Rule = "drain-fits-grace"
+	RuleReentryShort      Rule = "reentry-short"
+	RuleKeepAlive         Rule = "keepalive-outlasts-idle"
+	RuleWatchdogTolerates Rule = "watchdog-tolerates-deploy"
+	RuleDowntimePlanned   Rule = "deploy-within-planned-downtime"
+	RuleDeregCovers       Rule = "deregistration-covers-shutdown"
+	RuleLockOutlasts      Rule = "lock-wait-outlasts-restart"
+	RuleContainerFaster   Rule = "container-check-faster"
+)
+
+// Violation is one broken rule: which fields take part and what is wrong.
+type Violation struct {
+	Rule   Rule
+	Fields []string
+	Msg    string
+}
+
+func (v Violation) Error() string {
+	return fmt.Sprintf("%s: %s", v.Rule, v.Msg)
+}
+
+// Violations returns every rule t breaks, limits first, then invariants;
+// nil when t is valid.
+func (t Timing) Violations() []Violation {
+	return append(t.limitViolations(), t.invariantViolations()...)
+}
+
+// Validate reports every rule t breaks at once, or nil.
+func (t Timing) Validate() error {
+	return joinViolations(t.Violations())
+}
+
+// ValidateInvariants reports every broken relation between the numbers and
+// every non-positive value, without AWS's ranges and whole-second limits: the
+// check for a Scaled timing.
+func (t Timing) ValidateInvariants() error {
+	var vs []Violation
+	for _, v := range t.limitViolations() {
+		if v.Rule == RulePositive {
+			vs = append(vs, v)
+		}
+	}
+	return joinViolations(append(vs, t.invariantViolations()...))
+}
+
+// InvalidTimingError carries every violation of one timing.
+type InvalidTimingError struct {
+	Violations []Violation
+}
+
+func (e *InvalidTimingError) Error() string {
+	lines := make([]string, 0, len(e.Violations)+1)
+	lines = append(lines, fmt.Sprintf("invalid timing: %d rule(s) broken", len(e.Violations)))
+	for _, v := range e.Violations {
+		lines = append(lines, "  - "+v.Error())
+	}
+	return strings.Join(lines, "\n")
+}
+
+func joinViolations(vs []Violation) error {
+	if len(vs) == 0 {
+		return nil
+	}
+	return &InvalidTimingError{Violations: vs}
+}
+
+type durationField struct {
+	name  string
+	value time.Duration
+}
+
+func (t Timing) durations() []durationField {
+	return []durationField{
+		{"HealthCheckInterval", t.HealthCheckInterval},
+		{"HealthCheckTimeout", t.HealthCheckTimeout},
+		{"NodeSkew", t.NodeSkew},
+		{"Drain", t.Drain},
+		{"ShutdownTimeout", t.ShutdownTimeout},
+		{"KillMargin", t.KillMargin},
+		{"StopGracePeriod", t.StopGracePeriod},
+		{"DeregistrationDelay", t.DeregistrationDelay},
+		{"LBIdleTimeout", t.LBIdleTimeout},
+		{"AppKeepAlive", t.AppKeepAlive},
+		{"ContainerHealthInterval", t.ContainerHealthInterval},
+		{"StartTimeout", t.StartTimeout},
+		{"LockWait", t.LockWait},
+		{"WatchdogInterval", t.WatchdogInterval},
+		{"MaxPlannedDowntime", t.MaxPlannedDowntime},
+	}
+}
+
+// awsSeconds are the durations the ALB API takes in whole seconds, with the
+// range it accepts. StopGracePeriod is here too: the Docker engine API takes
+// whole seconds.
+func (t Timing) awsSeconds() []struct {
+	name     string
+	value    time.Duration
+	min, max time.Duration
+} {
+	return []struct {
+		name     string
+		value    time.Duration
+		min, max time.Duration
+	}{
+		{"HealthCheckInterval", t.HealthCheckInterval, 5 * time.Second, 300 * time.Second},
+		{"HealthCheckTimeout", t.HealthCheckTimeout, 2 * time.Second, 120 * time.Second},
+		{"DeregistrationDelay", t.DeregistrationDelay, 0, 3600 * time.Second},
+		{"LBIdleTimeout", t.LBIdleTimeout, 1 * time.Second, 4000 * time.Second},
+		{"StopGracePeriod", t.StopGracePeriod, 1 * time.Second, math.MaxInt64},
+	}
+}
+
+func (t Timing) limitViolations() []Violation {
+	var vs []Violation
+	for _, f := range t.durations() {
+		if f.value <= 0 {
+			vs = append(vs, Violation{RulePositive, []string{f.name},
+				fmt.Sprintf("%s %v must be positive", f.name, f.value)})
+		}
+	}
+	counts := []struct {
+		name  string
+		value int
+	}{
+		{"UnhealthyThreshold", t.UnhealthyThreshold},
+		{"HealthyThreshold", t.HealthyThreshold},
+		{"WatchdogStrikes", t.WatchdogStrikes},
+	}
+	for _, c := range counts {
+		if c.value <= 0 {
+			vs = append(vs, Violation{RulePositive, []string{c.name},
+				fmt.Sprintf("%s %d must be positive", c.name, c.value)})
+		}
+	}
+	for _, f := range t.awsSeconds() {
+		if f.value%time.Second != 0 {
+			vs = append(vs, Violation{RuleWholeSeconds, []string{f.name},
+				fmt.Sprintf("%s %v must be whole seconds", f.name, f.value)})
+		}
+		if f.value < f.min || f.value > f.max {
+			vs = append(vs, Violation{RuleAWSRange, []string{f.name},
+				fmt.Sprintf("%s %v must be within %v–%v", f.name, f.value, f.min, f.max)})
+		}
+	}
+	for _, c := range counts[:2] {
+		if c.value < 2 || c.value > 10 {
+			vs = append(vs, Violation{RuleAWSRange, []string{c.name},
+				fmt.Sprintf("%s %d must be within 2–10", c.name, c.value)})
+		}
+	}
+	return vs
+}
+
+func (t Timing) invariantViolations() []Violation {
+	var vs []Violation
+	add := func(r Rule, fields []string, format string, args ...any) {
+		vs = append(vs, Violation{r, fields, fmt.Sprintf(format, args...)})
+	}
+	if t.HealthCheckTimeout >= t.HealthCheckInterval {
+		add(RuleTimeoutBelowInt, []string{"HealthCheckTimeout", "HealthCheckInterval"},
+			"HealthCheckTimeout %v must be below HealthCheckInterval %v (the ALB refuses otherwise)",
+			t.HealthCheckTimeout, t.HealthCheckInterval)
+	}
+	if t.DrainMargin() < t.NodeSkew {
+		add(RuleDrainOutlasts, []string{"Drain", "HealthCheckInterval", "UnhealthyThreshold", "HealthCheckTimeout", "NodeSkew"},
+			"Drain %v must exceed worst-case detection %v (HealthCheckInterval %v × UnhealthyThreshold %d + HealthCheckTimeout %v) by at least NodeSkew %v; margin is %v",
+			t.Drain, t.WorstCaseDetection(), t.HealthCheckInterval, t.UnhealthyThreshold, t.HealthCheckTimeout, t.NodeSkew, t.DrainMargin())
+	}
+	if t.KillSlack() < t.KillMargin {
+		add(RuleFitsGrace, []string{"Drain", "ShutdownTimeout", "KillMargin", "StopGracePeriod"},
+			"Drain %v + ShutdownTimeout %v + KillMargin %v = %v must fit inside StopGracePeriod %v, or Docker kills the process mid-shutdown",
+			t.Drain, t.ShutdownTimeout, t.KillMargin, t.ShutdownDeadline()+t.KillMargin, t.StopGracePeriod)
+	}
+	if t.Reentry() > t.ReentryBound() {
+		add(RuleReentryShort, []string{"HealthyThreshold", "HealthCheckInterval", "Drain"},
+			"re-entry %v (HealthyThreshold %d × HealthCheckInterval %v) must not exceed Drain %v: a server must come back no slower than it leaves",
+			t.Reentry(), t.HealthyThreshold, t.HealthCheckInterval, t.ReentryBound())
+	}
+	if t.AppKeepAlive <= t.LBIdleTimeout {
+		add(RuleKeepAlive, []string{"AppKeepAlive", "LBIdleTimeout"},
+			"AppKeepAlive %v must exceed LBIdleTimeout %v, or the balancer reuses a connection the app has just closed (a 502)",
+			t.AppKeepAlive, t.LBIdleTimeout)
+	}
+	if t.WatchdogTolerance() <= t.MaxPlannedDowntime {
+		add(RuleWatchdogTolerates, []string{"WatchdogStrikes", "WatchdogInterval", "MaxPlannedDowntime"},
+			"watchdog tolerance %v ((WatchdogStrikes %d − 1) × WatchdogInterval %v) must exceed MaxPlannedDowntime %v, or a planned outage looks like a crash",
+			t.WatchdogTolerance(), t.WatchdogStrikes, t.WatchdogInterval, t.MaxPlannedDowntime)
+	}
+	if t.DeployDowntime() > t.MaxPlannedDowntime {
+		add(RuleDowntimePlanned, []string{"StopGracePeriod", "StartTimeout", "MaxPlannedDowntime"},
+			"StopGracePeriod %v + StartTimeout %v = %v must not exceed MaxPlannedDowntime %v",
+			t.StopGracePeriod, t.StartTimeout, t.DeployDowntime(), t.MaxPlannedDowntime)
+	}
+	if t.DeregistrationDelay < t.ShutdownTimeout {
+		add(RuleDeregCovers, []string{"DeregistrationDelay", "ShutdownTimeout"},
+			"DeregistrationDelay %v must cover ShutdownTimeout %v, or the balancer cuts requests the app would finish",
+			t.DeregistrationDelay, t.ShutdownTimeout)
+	}
+	if t.LockWait < t.DeployDowntime() {
+		add(RuleLockOutlasts, []string{"LockWait", "StopGracePeriod", "StartTimeout"},
+			"LockWait %v must cover a watchdog restart, StopGracePeriod %v + StartTimeout %v = %v",
+			t.LockWait, t.StopGracePeriod, t.StartTimeout, t.DeployDowntime())
+	}
+	if t.ContainerHealthInterval >= t.HealthCheckInterval {
+		add(RuleContainerFaster, []string{"ContainerHealthInterval", "HealthCheckInterval"},
+			"ContainerHealthInterval %v must be below HealthCheckInterval %v, so a deploy sees a container healthy before the balancer does",
+			t.ContainerHealthInterval, t.HealthCheckInterval)
+	}
+	return vs
+}
+
+// HasRule reports whether err is an *InvalidTimingError that contains rule r.
+func HasRule(err error, r Rule) bool {
+	var ite *InvalidTimingError
+	if !errors.As(err, &ite) {
+		return false
+	}
+	for _, v := range ite.Violations {
+		if v.Rule == r {
+			return true
+		}
+	}
+	return false
+}
+
+// DrainConfig is the server's side of the handshake, as the drain library
+// takes it.
+func (t Timing) DrainConfig() drain.Config {
+	return drain.Config{
+		HealthPath:      HealthPath,
+		HealthyStatus:   HealthyStatus,
+		Drain:           t.Drain,
+		ShutdownTimeout: t.ShutdownTimeout,
+		KeepAlive:       t.AppKeepAlive,
+	}
+}
