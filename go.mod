@@ -5,6 +5,7 @@ go 1.26.6
 require (
 	github.com/pulumi/pulumi-aws/sdk/v6 v6.83.4
 	github.com/pulumi/pulumi/sdk/v3 v3.274.1
+	github.com/stretchr/testify v1.12.1
 )
 
 require (
