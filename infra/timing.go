@@ -275,6 +275,7 @@ const (
 	RuleDeregCovers       Rule = "deregistration-covers-shutdown"
 	RuleLockOutlasts      Rule = "lock-wait-outlasts-restart"
 	RuleContainerFaster   Rule = "container-check-faster"
+	RuleStartCovers       Rule = "start-covers-first-check"
 )
 
 // Violation is one broken rule: which fields take part and what is wrong.
@@ -318,8 +319,7 @@ type InvalidTimingError struct {
 }
 
 func (e *InvalidTimingError) Error() string {
-	lines := make([]string, 0, len(e.Violations)+1)
-	lines = append(lines, fmt.Sprintf("invalid timing: %d rule(s) broken", len(e.Violations)))
+	lines := []string{fmt.Sprintf("invalid timing: %d rule(s) broken", len(e.Violations))}
 	for _, v := range e.Violations {
 		lines = append(lines, "  - "+v.Error())
 	}
@@ -358,24 +358,20 @@ func (t Timing) durations() []durationField {
 	}
 }
 
-// awsSeconds are the durations the ALB API takes in whole seconds, with the
-// range it accepts. StopGracePeriod is here too: the Docker engine API takes
-// whole seconds.
-func (t Timing) awsSeconds() []struct {
+type secondsField struct {
 	name     string
 	value    time.Duration
 	min, max time.Duration
-} {
-	return []struct {
-		name     string
-		value    time.Duration
-		min, max time.Duration
-	}{
+}
+
+// awsSeconds are the durations the ALB API takes in whole seconds, with the
+// range it accepts.
+func (t Timing) awsSeconds() []secondsField {
+	return []secondsField{
 		{"HealthCheckInterval", t.HealthCheckInterval, 5 * time.Second, 300 * time.Second},
 		{"HealthCheckTimeout", t.HealthCheckTimeout, 2 * time.Second, 120 * time.Second},
 		{"DeregistrationDelay", t.DeregistrationDelay, 0, 3600 * time.Second},
 		{"LBIdleTimeout", t.LBIdleTimeout, 1 * time.Second, 4000 * time.Second},
-		{"StopGracePeriod", t.StopGracePeriod, 1 * time.Second, math.MaxInt64},
 	}
 }
 
@@ -401,11 +397,15 @@ func (t Timing) limitViolations() []Violation {
 				fmt.Sprintf("%s %d must be positive", c.name, c.value)})
 		}
 	}
-	for _, f := range t.awsSeconds() {
+	// The Docker engine API takes the stop timeout in whole seconds too.
+	whole := append(t.awsSeconds(), secondsField{name: "StopGracePeriod", value: t.StopGracePeriod})
+	for _, f := range whole {
 		if f.value%time.Second != 0 {
 			vs = append(vs, Violation{RuleWholeSeconds, []string{f.name},
 				fmt.Sprintf("%s %v must be whole seconds", f.name, f.value)})
 		}
+	}
+	for _, f := range t.awsSeconds() {
 		if f.value < f.min || f.value > f.max {
 			vs = append(vs, Violation{RuleAWSRange, []string{f.name},
 				fmt.Sprintf("%s %v must be within %v–%v", f.name, f.value, f.min, f.max)})
@@ -474,6 +474,11 @@ func (t Timing) invariantViolations() []Violation {
 		add(RuleContainerFaster, []string{"ContainerHealthInterval", "HealthCheckInterval"},
 			"ContainerHealthInterval %v must be below HealthCheckInterval %v, so a deploy sees a container healthy before the balancer does",
 			t.ContainerHealthInterval, t.HealthCheckInterval)
+	}
+	if t.StartTimeout <= t.ContainerHealthInterval {
+		add(RuleStartCovers, []string{"StartTimeout", "ContainerHealthInterval"},
+			"StartTimeout %v must exceed ContainerHealthInterval %v: Docker runs the first health check only after one interval, so no container could ever be seen healthy",
+			t.StartTimeout, t.ContainerHealthInterval)
 	}
 	return vs
 }

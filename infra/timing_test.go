@@ -1,0 +1,480 @@
+package infra_test
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/mythex/infra/drain"
+	"github.com/mythex/infra/infra"
+)
+
+// These tests are the invariant gate: change a number in Prod() so that it
+// breaks a relation and one of them fails naming that relation. They depend
+// on nothing but timing.go, so the mutation run can test them in isolation.
+
+var durationType = reflect.TypeOf(time.Duration(0))
+
+// with returns Prod() with the named fields set, so a test row reads as the
+// change it makes.
+func with(t *testing.T, changes map[string]any) infra.Timing {
+	t.Helper()
+	tm := infra.Prod()
+	v := reflect.ValueOf(&tm).Elem()
+	for name, val := range changes {
+		f := v.FieldByName(name)
+		require.Truef(t, f.IsValid(), "Timing has no field %s", name)
+		f.Set(reflect.ValueOf(val).Convert(f.Type()))
+	}
+	return tm
+}
+
+func violations(t *testing.T, err error) []infra.Violation {
+	t.Helper()
+	var ite *infra.InvalidTimingError
+	require.Truef(t, errors.As(err, &ite), "want *InvalidTimingError, got %T: %v", err, err)
+	return ite.Violations
+}
+
+// named reports whether some violation of rule r names field.
+func named(vs []infra.Violation, r infra.Rule, field string) bool {
+	for _, v := range vs {
+		if v.Rule != r {
+			continue
+		}
+		for _, f := range v.Fields {
+			if f == field {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+func TestProdIsValid(t *testing.T) {
+	assert.NoError(t, infra.Prod().Validate())
+	assert.NoError(t, infra.Prod().ValidateInvariants())
+	assert.Empty(t, infra.Prod().Violations())
+}
+
+func TestValidateRejects(t *testing.T) {
+	p := infra.Prod()
+	tests := []struct {
+		name    string
+		changes map[string]any
+		rule    infra.Rule
+		fields  []string
+		msg     string
+	}{
+		{"drain shorter than detection", map[string]any{"Drain": 9 * time.Second},
+			infra.RuleDrainOutlasts, []string{"Drain", "HealthCheckInterval", "UnhealthyThreshold", "HealthCheckTimeout"},
+			"Drain 9s must exceed worst-case detection 13s (HealthCheckInterval 5s × UnhealthyThreshold 2 + HealthCheckTimeout 3s)"},
+		{"drain margin below node skew", map[string]any{"NodeSkew": 3 * time.Second},
+			infra.RuleDrainOutlasts, []string{"NodeSkew"}, "by at least NodeSkew 3s; margin is 2s"},
+		{"the article's old drain", map[string]any{"Drain": 5 * time.Second, "HealthCheckInterval": 30 * time.Second},
+			infra.RuleDrainOutlasts, []string{"Drain"}, "worst-case detection 1m3s"},
+		{"drain and shutdown overrun the grace period", map[string]any{"ShutdownTimeout": 12 * time.Second},
+			infra.RuleFitsGrace, []string{"Drain", "ShutdownTimeout", "KillMargin", "StopGracePeriod"},
+			"Drain 15s + ShutdownTimeout 12s + KillMargin 5s = 32s must fit inside StopGracePeriod 30s"},
+		{"no room before the kill", map[string]any{"StopGracePeriod": 27 * time.Second},
+			infra.RuleFitsGrace, []string{"StopGracePeriod"}, "must fit inside StopGracePeriod 27s"},
+		{"slow re-entry", map[string]any{"HealthyThreshold": 5},
+			infra.RuleReentryShort, []string{"HealthyThreshold", "HealthCheckInterval", "Drain"},
+			"re-entry 25s (HealthyThreshold 5 × HealthCheckInterval 5s) must not exceed Drain 15s"},
+		{"keep-alive equal to idle timeout", map[string]any{"AppKeepAlive": 60 * time.Second},
+			infra.RuleKeepAlive, []string{"AppKeepAlive", "LBIdleTimeout"}, "AppKeepAlive 1m0s must exceed LBIdleTimeout 1m0s"},
+		{"keep-alive shorter than idle timeout", map[string]any{"LBIdleTimeout": 350 * time.Second},
+			infra.RuleKeepAlive, []string{"LBIdleTimeout"}, "LBIdleTimeout 5m50s"},
+		{"one strike", map[string]any{"WatchdogStrikes": 1},
+			infra.RuleWatchdogTolerates, []string{"WatchdogStrikes", "WatchdogInterval", "MaxPlannedDowntime"},
+			"watchdog tolerance 0s ((WatchdogStrikes 1 − 1) × WatchdogInterval 1m0s) must exceed MaxPlannedDowntime 2m30s"},
+		{"three strikes", map[string]any{"WatchdogStrikes": 3},
+			infra.RuleWatchdogTolerates, []string{"WatchdogStrikes"}, "watchdog tolerance 2m0s"},
+		{"watchdog too frequent", map[string]any{"WatchdogInterval": 30 * time.Second},
+			infra.RuleWatchdogTolerates, []string{"WatchdogInterval"}, "WatchdogInterval 30s"},
+		{"deploy downtime beyond the plan", map[string]any{"StartTimeout": 121 * time.Second, "LockWait": 10 * time.Minute},
+			infra.RuleDowntimePlanned, []string{"StopGracePeriod", "StartTimeout", "MaxPlannedDowntime"},
+			"StopGracePeriod 30s + StartTimeout 2m1s = 2m31s must not exceed MaxPlannedDowntime 2m30s"},
+		{"deregistration cuts requests", map[string]any{"DeregistrationDelay": 9 * time.Second},
+			infra.RuleDeregCovers, []string{"DeregistrationDelay", "ShutdownTimeout"},
+			"DeregistrationDelay 9s must cover ShutdownTimeout 10s"},
+		{"lock wait shorter than a restart", map[string]any{"LockWait": 89 * time.Second},
+			infra.RuleLockOutlasts, []string{"LockWait", "StopGracePeriod", "StartTimeout"},
+			"LockWait 1m29s must cover a watchdog restart, StopGracePeriod 30s + StartTimeout 1m0s = 1m30s"},
+		{"container check as slow as the balancer", map[string]any{"ContainerHealthInterval": 5 * time.Second},
+			infra.RuleContainerFaster, []string{"ContainerHealthInterval", "HealthCheckInterval"},
+			"ContainerHealthInterval 5s must be below HealthCheckInterval 5s"},
+		{"start timeout before the first check", map[string]any{"StartTimeout": time.Second},
+			infra.RuleStartCovers, []string{"StartTimeout", "ContainerHealthInterval"},
+			"StartTimeout 1s must exceed ContainerHealthInterval 1s"},
+		{"timeout equal to interval", map[string]any{"HealthCheckTimeout": 5 * time.Second},
+			infra.RuleTimeoutBelowInt, []string{"HealthCheckTimeout", "HealthCheckInterval"},
+			"HealthCheckTimeout 5s must be below HealthCheckInterval 5s"},
+		{"interval below the ALB minimum", map[string]any{"HealthCheckInterval": 4 * time.Second},
+			infra.RuleAWSRange, []string{"HealthCheckInterval"}, "HealthCheckInterval 4s must be within 5s–5m0s"},
+		{"interval above the ALB maximum", map[string]any{"HealthCheckInterval": 301 * time.Second},
+			infra.RuleAWSRange, []string{"HealthCheckInterval"}, "within 5s–5m0s"},
+		{"timeout below the ALB minimum", map[string]any{"HealthCheckTimeout": time.Second},
+			infra.RuleAWSRange, []string{"HealthCheckTimeout"}, "HealthCheckTimeout 1s must be within 2s–2m0s"},
+		{"timeout above the ALB maximum", map[string]any{"HealthCheckTimeout": 121 * time.Second},
+			infra.RuleAWSRange, []string{"HealthCheckTimeout"}, "within 2s–2m0s"},
+		{"threshold below the ALB minimum", map[string]any{"UnhealthyThreshold": 1},
+			infra.RuleAWSRange, []string{"UnhealthyThreshold"}, "UnhealthyThreshold 1 must be within 2–10"},
+		{"threshold above the ALB maximum", map[string]any{"HealthyThreshold": 11},
+			infra.RuleAWSRange, []string{"HealthyThreshold"}, "HealthyThreshold 11 must be within 2–10"},
+		{"deregistration delay above the ALB maximum", map[string]any{"DeregistrationDelay": 3601 * time.Second},
+			infra.RuleAWSRange, []string{"DeregistrationDelay"}, "DeregistrationDelay 1h0m1s must be within 0s–1h0m0s"},
+		{"idle timeout above the ALB maximum", map[string]any{"LBIdleTimeout": 4001 * time.Second, "AppKeepAlive": 5000 * time.Second},
+			infra.RuleAWSRange, []string{"LBIdleTimeout"}, "within 1s–1h6m40s"},
+		{"interval in fractions of a second", map[string]any{"HealthCheckInterval": 5500 * time.Millisecond},
+			infra.RuleWholeSeconds, []string{"HealthCheckInterval"}, "HealthCheckInterval 5.5s must be whole seconds"},
+		{"grace period in fractions of a second", map[string]any{"StopGracePeriod": 30500 * time.Millisecond},
+			infra.RuleWholeSeconds, []string{"StopGracePeriod"}, "StopGracePeriod 30.5s must be whole seconds"},
+		{"zero drain", map[string]any{"Drain": time.Duration(0)},
+			infra.RulePositive, []string{"Drain"}, "Drain 0s must be positive"},
+		{"negative shutdown timeout", map[string]any{"ShutdownTimeout": -time.Second},
+			infra.RulePositive, []string{"ShutdownTimeout"}, "ShutdownTimeout -1s must be positive"},
+		{"zero strikes", map[string]any{"WatchdogStrikes": 0},
+			infra.RulePositive, []string{"WatchdogStrikes"}, "WatchdogStrikes 0 must be positive"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			tm := with(t, tt.changes)
+			err := tm.Validate()
+			require.Error(t, err)
+			vs := violations(t, err)
+			for _, f := range tt.fields {
+				assert.Truef(t, named(vs, tt.rule, f), "rule %s should name %s; got %v", tt.rule, f, vs)
+			}
+			assert.Contains(t, err.Error(), tt.msg)
+			assert.Contains(t, err.Error(), string(tt.rule)+": ")
+			assert.True(t, infra.HasRule(err, tt.rule))
+		})
+	}
+	require.NoError(t, p.Validate(), "rows start from a valid Prod")
+}
+
+// TestBoundaries decides every equality: a relation that may hold with
+// equality accepts it; a strict one rejects it.
+func TestBoundaries(t *testing.T) {
+	p := infra.Prod()
+	tests := []struct {
+		name    string
+		changes map[string]any
+		rule    infra.Rule
+		broken  bool
+	}{
+		{"drain margin exactly NodeSkew", map[string]any{"NodeSkew": p.DrainMargin()}, infra.RuleDrainOutlasts, false},
+		{"drain margin a nanosecond short", map[string]any{"NodeSkew": p.DrainMargin() + 1}, infra.RuleDrainOutlasts, true},
+		{"kill slack exactly KillMargin", map[string]any{"KillMargin": p.KillSlack()}, infra.RuleFitsGrace, false},
+		{"kill slack a nanosecond short", map[string]any{"KillMargin": p.KillSlack() + 1}, infra.RuleFitsGrace, true},
+		{"re-entry exactly the drain", map[string]any{"Drain": p.Reentry(), "NodeSkew": time.Nanosecond, "HealthCheckTimeout": 2 * time.Second}, infra.RuleReentryShort, false},
+		{"re-entry a nanosecond over the drain", map[string]any{"Drain": p.Reentry() - 1}, infra.RuleReentryShort, true},
+		{"keep-alive a second over idle", map[string]any{"AppKeepAlive": p.LBIdleTimeout + time.Second}, infra.RuleKeepAlive, false},
+		{"keep-alive equal to idle", map[string]any{"AppKeepAlive": p.LBIdleTimeout}, infra.RuleKeepAlive, true},
+		{"tolerance equal to planned downtime", map[string]any{"MaxPlannedDowntime": p.WatchdogTolerance()}, infra.RuleWatchdogTolerates, true},
+		{"tolerance a nanosecond over planned downtime", map[string]any{"MaxPlannedDowntime": p.WatchdogTolerance() - 1}, infra.RuleWatchdogTolerates, false},
+		{"deploy downtime exactly planned", map[string]any{"MaxPlannedDowntime": p.DeployDowntime()}, infra.RuleDowntimePlanned, false},
+		{"deploy downtime a nanosecond over", map[string]any{"MaxPlannedDowntime": p.DeployDowntime() - 1}, infra.RuleDowntimePlanned, true},
+		{"deregistration exactly the shutdown timeout", map[string]any{"DeregistrationDelay": p.ShutdownTimeout}, infra.RuleDeregCovers, false},
+		{"deregistration a nanosecond short", map[string]any{"DeregistrationDelay": p.ShutdownTimeout - 1}, infra.RuleDeregCovers, true},
+		{"lock wait exactly a restart", map[string]any{"LockWait": p.DeployDowntime()}, infra.RuleLockOutlasts, false},
+		{"lock wait a nanosecond short", map[string]any{"LockWait": p.DeployDowntime() - 1}, infra.RuleLockOutlasts, true},
+		{"container check a nanosecond faster", map[string]any{"ContainerHealthInterval": p.HealthCheckInterval - 1}, infra.RuleContainerFaster, false},
+		{"container check as fast", map[string]any{"ContainerHealthInterval": p.HealthCheckInterval}, infra.RuleContainerFaster, true},
+		{"start a nanosecond past the first check", map[string]any{"StartTimeout": p.ContainerHealthInterval + 1}, infra.RuleStartCovers, false},
+		{"start exactly at the first check", map[string]any{"StartTimeout": p.ContainerHealthInterval}, infra.RuleStartCovers, true},
+		{"timeout a second below interval", map[string]any{"HealthCheckTimeout": p.HealthCheckInterval - time.Second, "Drain": 15 * time.Second}, infra.RuleTimeoutBelowInt, false},
+		{"timeout equal to interval", map[string]any{"HealthCheckTimeout": p.HealthCheckInterval}, infra.RuleTimeoutBelowInt, true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			tm := with(t, tt.changes)
+			got := false
+			for _, v := range tm.Violations() {
+				got = got || v.Rule == tt.rule
+			}
+			assert.Equalf(t, tt.broken, got, "rule %s; violations: %v", tt.rule, tm.Violations())
+		})
+	}
+}
+
+// TestAWSRangeBoundaries: both ends of each ALB range are accepted, one step
+// past is not. Only the range rule is asserted: other rules may break.
+func TestAWSRangeBoundaries(t *testing.T) {
+	tests := []struct {
+		field     string
+		low, high any
+		below     any
+		above     any
+	}{
+		{"HealthCheckInterval", 5 * time.Second, 300 * time.Second, 4 * time.Second, 301 * time.Second},
+		{"HealthCheckTimeout", 2 * time.Second, 120 * time.Second, time.Second, 121 * time.Second},
+		{"DeregistrationDelay", time.Duration(0), 3600 * time.Second, -time.Second, 3601 * time.Second},
+		{"LBIdleTimeout", time.Second, 4000 * time.Second, time.Duration(0), 4001 * time.Second},
+		{"UnhealthyThreshold", 2, 10, 1, 11},
+		{"HealthyThreshold", 2, 10, 1, 11},
+	}
+	for _, tt := range tests {
+		t.Run(tt.field, func(t *testing.T) {
+			for _, c := range []struct {
+				v      any
+				broken bool
+			}{{tt.low, false}, {tt.high, false}, {tt.below, true}, {tt.above, true}} {
+				tm := with(t, map[string]any{tt.field: c.v})
+				assert.Equalf(t, c.broken, named(tm.Violations(), infra.RuleAWSRange, tt.field),
+					"%s = %v; violations: %v", tt.field, c.v, tm.Violations())
+			}
+		})
+	}
+}
+
+func TestWholeSeconds(t *testing.T) {
+	for _, field := range []string{"HealthCheckInterval", "HealthCheckTimeout", "DeregistrationDelay", "LBIdleTimeout", "StopGracePeriod"} {
+		t.Run(field, func(t *testing.T) {
+			p := reflect.ValueOf(infra.Prod()).FieldByName(field).Interface().(time.Duration)
+			off := with(t, map[string]any{field: p + time.Millisecond})
+			assert.Truef(t, named(off.Violations(), infra.RuleWholeSeconds, field), "%v", off.Violations())
+			on := with(t, map[string]any{field: p + time.Second})
+			assert.Falsef(t, named(on.Violations(), infra.RuleWholeSeconds, field), "%v", on.Violations())
+		})
+	}
+	// The drain is not an AWS or Docker value: fractions are fine.
+	tm := with(t, map[string]any{"Drain": 14500 * time.Millisecond})
+	assert.NoError(t, tm.Validate())
+}
+
+func TestAllViolationsAtOnce(t *testing.T) {
+	tm := with(t, map[string]any{
+		"Drain":              12 * time.Second,
+		"AppKeepAlive":       30 * time.Second,
+		"WatchdogStrikes":    1,
+		"HealthCheckTimeout": 7 * time.Second,
+	})
+	err := tm.Validate()
+	require.Error(t, err)
+	vs := violations(t, err)
+	for _, r := range []infra.Rule{infra.RuleDrainOutlasts, infra.RuleKeepAlive, infra.RuleWatchdogTolerates, infra.RuleTimeoutBelowInt} {
+		assert.Truef(t, infra.HasRule(err, r), "missing %s in %v", r, err)
+	}
+	assert.Len(t, vs, 4, "%v", err)
+	assert.True(t, strings.HasPrefix(err.Error(), "invalid timing: 4 rule(s) broken\n  - "), err.Error())
+	assert.Equal(t, 5, strings.Count(err.Error(), "\n")+1, "one line per violation plus the heading")
+}
+
+// TestValidateInvariants: a scaled timing keeps the relations but not AWS's
+// limits; non-positive values and broken relations are still reported.
+func TestValidateInvariants(t *testing.T) {
+	scaled := infra.Prod().Scaled(0.2)
+	require.Error(t, scaled.Validate(), "AWS's minimum interval rejects a scaled timing")
+	assert.NoError(t, scaled.ValidateInvariants())
+
+	zero := scaled
+	zero.Drain = 0
+	err := zero.ValidateInvariants()
+	assert.True(t, infra.HasRule(err, infra.RulePositive), "%v", err)
+	assert.True(t, infra.HasRule(err, infra.RuleDrainOutlasts), "%v", err)
+	assert.False(t, infra.HasRule(err, infra.RuleAWSRange), "%v", err)
+	assert.False(t, infra.HasRule(err, infra.RuleWholeSeconds), "%v", err)
+}
+
+func TestHasRule(t *testing.T) {
+	assert.False(t, infra.HasRule(nil, infra.RulePositive))
+	assert.False(t, infra.HasRule(errors.New("drain-outlasts-detection"), infra.RuleDrainOutlasts))
+	wrapped := fmt.Errorf("stack: %w", with(t, map[string]any{"Drain": time.Second}).Validate())
+	assert.True(t, infra.HasRule(wrapped, infra.RuleDrainOutlasts))
+	assert.False(t, infra.HasRule(wrapped, infra.RuleKeepAlive))
+}
+
+func TestDerived(t *testing.T) {
+	tm := infra.Timing{
+		HealthCheckInterval: 7 * time.Second, HealthCheckTimeout: 2 * time.Second,
+		UnhealthyThreshold: 3, HealthyThreshold: 4,
+		Drain: 30 * time.Second, ShutdownTimeout: 11 * time.Second, StopGracePeriod: 50 * time.Second,
+		LBIdleTimeout: 40 * time.Second, AppKeepAlive: 45 * time.Second,
+		StartTimeout: 20 * time.Second, LockWait: 3 * time.Minute,
+		WatchdogInterval: 30 * time.Second, WatchdogStrikes: 5,
+	}
+	assert.Equal(t, 23*time.Second, tm.WorstCaseDetection(), "7s × 3 + 2s")
+	assert.Equal(t, 7*time.Second, tm.DrainMargin(), "30s − 23s")
+	assert.Equal(t, 28*time.Second, tm.Reentry(), "4 × 7s")
+	assert.Equal(t, 30*time.Second, tm.ReentryBound())
+	assert.Equal(t, 30*time.Second, tm.ListenerCloses())
+	assert.Equal(t, 41*time.Second, tm.ShutdownDeadline(), "30s + 11s")
+	assert.Equal(t, 9*time.Second, tm.KillSlack(), "50s − 41s")
+	assert.Equal(t, 5*time.Second, tm.KeepAliveMargin(), "45s − 40s")
+	assert.Equal(t, 2*time.Minute, tm.WatchdogTolerance(), "(5 − 1) × 30s")
+	assert.Equal(t, 70*time.Second, tm.DeployDowntime(), "50s + 20s")
+	assert.Equal(t, 58*time.Second, tm.ServerDeployMin(), "30s + 28s")
+	assert.Equal(t, 278*time.Second, tm.ServerDeployMax(), "3m + 70s + 28s")
+}
+
+func TestScaled(t *testing.T) {
+	// Every duration field is scaled and every count is kept: found by
+	// reflection, so a new field Scaled forgets fails here.
+	var tm infra.Timing
+	v := reflect.ValueOf(&tm).Elem()
+	for i := 0; i < v.NumField(); i++ {
+		if v.Field(i).Type() == durationType {
+			v.Field(i).SetInt(int64(3 * time.Second))
+		} else {
+			v.Field(i).SetInt(3)
+		}
+	}
+	s := reflect.ValueOf(tm.Scaled(0.5))
+	for i := 0; i < s.NumField(); i++ {
+		name := s.Type().Field(i).Name
+		if s.Field(i).Type() == durationType {
+			assert.Equalf(t, int64(1500*time.Millisecond), s.Field(i).Int(), "%s is scaled", name)
+		} else {
+			assert.Equalf(t, int64(3), s.Field(i).Int(), "%s is a count and is kept", name)
+		}
+	}
+	// Rounded to the nearest nanosecond, not truncated.
+	odd := infra.Timing{Drain: 2}
+	assert.Equal(t, time.Duration(1), odd.Scaled(0.3).Drain, "0.6ns rounds to 1ns")
+	assert.Equal(t, 3*time.Second, infra.Prod().Scaled(0.2).Drain)
+}
+
+func TestDrainConfig(t *testing.T) {
+	tm := with(t, map[string]any{"Drain": 14 * time.Second, "ShutdownTimeout": 9 * time.Second, "AppKeepAlive": 70 * time.Second})
+	assert.Equal(t, drain.Config{
+		HealthPath:      infra.HealthPath,
+		HealthyStatus:   infra.HealthyStatus,
+		Drain:           14 * time.Second,
+		ShutdownTimeout: 9 * time.Second,
+		KeepAlive:       70 * time.Second,
+	}, tm.DrainConfig())
+	require.NoError(t, tm.DrainConfig().Validate())
+}
+
+// TestEveryDurationMustBePositive finds the duration fields by reflection,
+// so a new field that Validate forgets to check fails here.
+func TestEveryDurationMustBePositive(t *testing.T) {
+	typ := reflect.TypeOf(infra.Timing{})
+	for i := 0; i < typ.NumField(); i++ {
+		f := typ.Field(i)
+		for _, bad := range []int64{0, -1} {
+			tm := infra.Prod()
+			reflect.ValueOf(&tm).Elem().Field(i).SetInt(bad)
+			assert.Truef(t, named(tm.Violations(), infra.RulePositive, f.Name),
+				"%s = %d must break %s; got %v", f.Name, bad, infra.RulePositive, tm.Violations())
+			assert.Truef(t, infra.HasRule(tm.ValidateInvariants(), infra.RulePositive),
+				"%s = %d must break %s for a scaled timing too", f.Name, bad, infra.RulePositive)
+		}
+	}
+}
+
+// wrongValues lists, for every field of Timing, values that must be
+// rejected: zero, negative, and one step past each boundary the field takes
+// part in. They are computed from Prod, so they stay just past the boundary
+// when a number changes.
+func wrongValues(p infra.Timing) map[string][]any {
+	whole := func(d time.Duration) time.Duration { return d.Truncate(time.Second) }
+	u := time.Duration(p.UnhealthyThreshold)
+	return map[string][]any{
+		"HealthCheckInterval": {0, -time.Second, 4 * time.Second, 301 * time.Second, p.HealthCheckInterval + time.Second/2,
+			p.HealthCheckTimeout, p.ContainerHealthInterval,
+			whole((p.Drain-p.NodeSkew-p.HealthCheckTimeout)/u) + time.Second},
+		"HealthCheckTimeout": {0, -time.Second, time.Second, 121 * time.Second, p.HealthCheckTimeout + time.Second/2,
+			p.HealthCheckInterval, p.Drain - p.NodeSkew - p.HealthCheckInterval*u + 1},
+		"UnhealthyThreshold": {0, -1, 1, 11,
+			int((p.Drain-p.NodeSkew-p.HealthCheckTimeout)/p.HealthCheckInterval) + 1},
+		"HealthyThreshold": {0, -1, 1, 11, int(p.ReentryBound()/p.HealthCheckInterval) + 1},
+		"NodeSkew":         {0, -time.Nanosecond, p.DrainMargin() + 1},
+		"Drain": {0, -time.Second, p.WorstCaseDetection() + p.NodeSkew - 1,
+			p.StopGracePeriod - p.ShutdownTimeout - p.KillMargin + 1, p.Reentry() - 1},
+		"ShutdownTimeout": {0, -time.Second, p.StopGracePeriod - p.Drain - p.KillMargin + 1, p.DeregistrationDelay + 1},
+		"KillMargin":      {0, -time.Second, p.KillSlack() + 1},
+		"StopGracePeriod": {0, -time.Second, p.StopGracePeriod + time.Second/2,
+			whole(p.ShutdownDeadline() + p.KillMargin - time.Second),
+			p.MaxPlannedDowntime - p.StartTimeout + time.Second, p.LockWait - p.StartTimeout + time.Second},
+		"DeregistrationDelay": {-time.Second, p.ShutdownTimeout - time.Second, 3601 * time.Second,
+			p.DeregistrationDelay + time.Second/2},
+		"LBIdleTimeout":           {0, -time.Second, p.AppKeepAlive, 4001 * time.Second, p.LBIdleTimeout + time.Second/2},
+		"AppKeepAlive":            {0, -time.Second, p.LBIdleTimeout},
+		"ContainerHealthInterval": {0, -time.Nanosecond, p.HealthCheckInterval, p.StartTimeout},
+		"StartTimeout": {0, -time.Second, p.ContainerHealthInterval, p.MaxPlannedDowntime - p.StopGracePeriod + 1,
+			p.LockWait - p.StopGracePeriod + 1},
+		"LockWait":           {0, -time.Second, p.DeployDowntime() - 1},
+		"WatchdogInterval":   {0, -time.Second, p.MaxPlannedDowntime / time.Duration(p.WatchdogStrikes-1)},
+		"WatchdogStrikes":    {0, -1, p.WatchdogStrikes - 1},
+		"MaxPlannedDowntime": {0, -time.Second, p.WatchdogTolerance(), p.DeployDowntime() - 1},
+	}
+}
+
+// TestMutationSweep is the article's hand mutation test, made exhaustive:
+// every field of Timing, found by reflection, set to each of its wrong values,
+// must be rejected by a rule that names that field. A new field without wrong
+// values fails the sweep.
+func TestMutationSweep(t *testing.T) {
+	p := infra.Prod()
+	wrong := wrongValues(p)
+	typ := reflect.TypeOf(p)
+	for i := 0; i < typ.NumField(); i++ {
+		name := typ.Field(i).Name
+		t.Run(name, func(t *testing.T) {
+			values, ok := wrong[name]
+			require.Truef(t, ok, "field %s has no wrong values in the mutation sweep", name)
+			require.NotEmpty(t, values)
+			for _, val := range values {
+				tm := with(t, map[string]any{name: val})
+				got := reflect.ValueOf(tm).Field(i).Interface()
+				require.NotEqualf(t, reflect.ValueOf(p).Field(i).Interface(), got, "%s: the wrong value equals Prod's", name)
+				vs := tm.Violations()
+				fields := map[string]bool{}
+				for _, v := range vs {
+					for _, f := range v.Fields {
+						fields[f] = true
+					}
+				}
+				assert.Truef(t, fields[name], "%s = %v must be rejected by a rule naming it; got %v", name, got, vs)
+			}
+		})
+	}
+	assert.Len(t, wrong, typ.NumField(), "the sweep lists a field Timing does not have")
+}
+
+// TestSweepStepsInwardAreValid checks that the sweep probes real boundaries:
+// a value one step inward from each boundary is valid.
+func TestSweepStepsInwardAreValid(t *testing.T) {
+	p := infra.Prod()
+	tests := []struct {
+		field string
+		value any
+	}{
+		{"NodeSkew", p.DrainMargin()},
+		{"Drain", p.WorstCaseDetection() + p.NodeSkew},
+		{"Drain", p.StopGracePeriod - p.ShutdownTimeout - p.KillMargin},
+		{"ShutdownTimeout", p.StopGracePeriod - p.Drain - p.KillMargin},
+		{"KillMargin", p.KillSlack()},
+		{"StartTimeout", p.LockWait - p.StopGracePeriod},
+		{"LockWait", p.DeployDowntime()},
+		{"WatchdogInterval", p.MaxPlannedDowntime/time.Duration(p.WatchdogStrikes-1) + time.Second},
+		{"MaxPlannedDowntime", p.WatchdogTolerance() - 1},
+		{"MaxPlannedDowntime", p.DeployDowntime()},
+		{"AppKeepAlive", p.LBIdleTimeout + 1},
+		{"DeregistrationDelay", p.ShutdownTimeout},
+		{"ContainerHealthInterval", p.HealthCheckInterval - 1},
+	}
+	for _, tt := range tests {
+		tm := with(t, map[string]any{tt.field: tt.value})
+		assert.NoErrorf(t, tm.Validate(), "%s = %v is on the valid side of its boundary", tt.field, tt.value)
+	}
+}
+
+func TestScaledRehearsalKeepsInvariants(t *testing.T) {
+	// The rehearsal's scale: Docker's stop grace period stays whole seconds.
+	s := infra.Prod().Scaled(0.2)
+	require.NoError(t, s.ValidateInvariants())
+	assert.Zero(t, s.StopGracePeriod%time.Second, "stop grace %v must stay whole seconds", s.StopGracePeriod)
+	assert.InDelta(t, 0.2, float64(s.Drain)/float64(infra.Prod().Drain), 1e-9)
+	assert.Equal(t, float64(infra.Prod().ServerDeployMin())*0.2, math.Round(float64(s.ServerDeployMin())))
+}
