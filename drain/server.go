@@ -1,0 +1,480 @@
+package drain
+
+//go:generate go run gen_doc.go
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+)
+
+// Phase is where a Server is in its life. Phases only move forward, one
+// step at a time: Serving, Draining, ShuttingDown, Stopped.
+type Phase int32
+
+// The phases, in the order a Server goes through them.
+const (
+	// Serving: health answers HealthyStatus (when ready), every route serves.
+	Serving Phase = iota
+	// Draining: health answers 503, every other route still serves, and
+	// every response closes its connection. Lasts Config.Drain.
+	Draining
+	// ShuttingDown: the listener is closed; in-flight requests have
+	// Config.ShutdownTimeout to finish.
+	ShuttingDown
+	// Stopped: every connection is closed and Serve has returned.
+	Stopped
+)
+
+var phaseNames = [...]string{"serving", "draining", "shutting-down", "stopped"}
+
+func (p Phase) String() string {
+	if p < 0 || int(p) >= len(phaseNames) {
+		return fmt.Sprintf("phase(%d)", int32(p))
+	}
+	return phaseNames[p]
+}
+
+// PhaseChange is one step from a phase to the next.
+type PhaseChange struct {
+	From, To Phase
+	// At is when To began.
+	At time.Time
+	// Lasted is how long From lasted.
+	Lasted time.Duration
+	// Reason is what ended From, e.g. "SIGTERM" or "drain elapsed".
+	Reason string
+}
+
+// Option adjusts a Server built by New.
+type Option func(*Server)
+
+// WithLogger sends the Server's logs (phase changes, readiness changes, cut
+// requests) to l instead of slog.Default().
+func WithLogger(l *slog.Logger) Option {
+	return func(s *Server) { s.log = l }
+}
+
+// WithReady plugs in the service's own readiness, e.g. a dependency being
+// reachable. While check returns an error, the health route answers 503 just
+// as it does while draining, but the log says "not ready" with the error
+// rather than "draining". check runs on every health request, with that
+// request's context: keep it fast.
+func WithReady(check func(context.Context) error) Option {
+	return func(s *Server) { s.ready = check }
+}
+
+// OnPhase calls f on every phase change, in order, on the goroutine that runs
+// the lifecycle: f must not block. Several OnPhase options all apply.
+func OnPhase(f func(PhaseChange)) Option {
+	return func(s *Server) { s.hooks = append(s.hooks, f) }
+}
+
+// Reasons a phase ends; they appear in logs and in PhaseChange.Reason.
+const (
+	ReasonCalled        = "StartDrain called"
+	ReasonSkipCalled    = "SkipDrain called"
+	ReasonDrainElapsed  = "drain elapsed"
+	ReasonAllFinished   = "in-flight requests finished"
+	ReasonDeadline      = "shutdown timeout elapsed"
+	ReasonContextDone   = "context done"
+	reasonListenerError = "listener failed"
+)
+
+// Server serves HTTP and, when asked to stop, drains: it fails its health
+// check while still serving real traffic until the balancer has stopped
+// sending any, then closes its listener and lets in-flight requests finish.
+// A Server serves once.
+type Server struct {
+	cfg   Config
+	next  http.Handler
+	log   *slog.Logger
+	ready func(context.Context) error
+	hooks []func(PhaseChange)
+
+	hs         *http.Server
+	baseCtx    context.Context
+	cancelBase context.CancelFunc
+
+	phase   atomic.Int32
+	entered [Stopped + 1]chan struct{}
+	served  atomic.Bool
+
+	drainOnce, skipOnce     sync.Once
+	drainCh, skipCh         chan struct{}
+	drainReason, skipReason string
+
+	notReady atomic.Bool
+
+	mu       sync.Mutex
+	inFlight map[*request]struct{}
+}
+
+// request is one request being handled, kept so that a cut can be logged.
+type request struct {
+	method, path, remote string
+	start                time.Time
+}
+
+// New returns a Server that answers cfg.HealthPath itself and passes every
+// other request to next. cfg is validated first; every problem is reported.
+func New(cfg Config, next http.Handler, opts ...Option) (*Server, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, fmt.Errorf("drain: invalid config: %w", err)
+	}
+	if next == nil {
+		return nil, errors.New("drain: nil handler")
+	}
+	s := &Server{
+		cfg:      cfg,
+		next:     next,
+		log:      slog.Default(),
+		drainCh:  make(chan struct{}),
+		skipCh:   make(chan struct{}),
+		inFlight: make(map[*request]struct{}),
+	}
+	for _, o := range opts {
+		o(s)
+	}
+	for i := range s.entered {
+		s.entered[i] = make(chan struct{})
+	}
+	close(s.entered[Serving])
+	s.baseCtx, s.cancelBase = context.WithCancel(context.Background())
+	s.hs = &http.Server{
+		Handler: s,
+		// Longer than the balancer's idle timeout, so the balancer always
+		// closes an idle connection first and never reuses one just closed.
+		IdleTimeout: cfg.KeepAlive,
+		BaseContext: func(net.Listener) context.Context { return s.baseCtx },
+		ErrorLog:    slog.NewLogLogger(s.log.Handler(), slog.LevelWarn),
+	}
+	return s, nil
+}
+
+// Config returns the configuration the Server runs with.
+func (s *Server) Config() Config { return s.cfg }
+
+// IdleTimeout is the idle keep-alive timeout in force outside the drain.
+func (s *Server) IdleTimeout() time.Duration { return s.hs.IdleTimeout }
+
+// Phase returns the current phase.
+func (s *Server) Phase() Phase { return Phase(s.phase.Load()) }
+
+// Entered returns a channel that is closed once the Server has entered p. It
+// stays closed, so a late reader never misses it. When Entered(ShuttingDown)
+// is closed, the listener is already closed.
+func (s *Server) Entered(p Phase) <-chan struct{} {
+	if p < Serving || p > Stopped {
+		panic(fmt.Sprintf("drain: no such phase %d", int32(p)))
+	}
+	return s.entered[p]
+}
+
+// StartDrain starts the drain: health answers 503 from now on while every
+// other route keeps serving. Calling it again has no further effect. It may
+// be called before Serve; the drain then starts as soon as Serve does.
+func (s *Server) StartDrain() { s.startDrain(ReasonCalled) }
+
+// SkipDrain ends the drain now and moves on to shutting down; in-flight
+// requests still get the whole shutdown timeout. Before the drain has
+// started, it starts it and ends it at once.
+func (s *Server) SkipDrain() { s.skipDrain(ReasonSkipCalled) }
+
+func (s *Server) startDrain(reason string) {
+	s.drainOnce.Do(func() {
+		s.drainReason = reason
+		close(s.drainCh)
+	})
+}
+
+func (s *Server) skipDrain(reason string) {
+	s.startDrain(reason)
+	s.skipOnce.Do(func() {
+		s.skipReason = reason
+		close(s.skipCh)
+	})
+}
+
+// Run serves on ln and stops on request. The first SIGTERM or SIGINT, or ctx
+// ending, starts the drain. A second one while draining ends the drain at
+// once, as an operator's "I mean it": the listener closes, but in-flight
+// requests still get the shutdown timeout, because cutting them would turn
+// them into 502s. Later signals are logged and ignored: the hard stop is the
+// container's SIGKILL, not this library's business. Run returns once the
+// Server has stopped; a nil error means a clean stop, even if requests were
+// cut (they are logged).
+func (s *Server) Run(ctx context.Context, ln net.Listener) error {
+	sigs := make(chan os.Signal, 4)
+	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT)
+	defer signal.Stop(sigs)
+
+	done := make(chan error, 1)
+	go func() { done <- s.Serve(ln) }()
+
+	stops := 0
+	stop := func(reason string) {
+		stops++
+		switch {
+		case stops == 1:
+			s.startDrain(reason)
+		case s.Phase() <= Draining:
+			s.skipDrain("second stop request: " + reason)
+		default:
+			s.log.Warn("stop request ignored: already shutting down; in-flight requests keep their shutdown timeout",
+				"reason", reason, "shutdown_timeout", s.cfg.ShutdownTimeout.String())
+		}
+	}
+	ctxDone := ctx.Done()
+	for {
+		select {
+		case err := <-done:
+			return err
+		case sig := <-sigs:
+			stop(signalName(sig))
+		case <-ctxDone:
+			ctxDone = nil
+			stop(ReasonContextDone)
+		}
+	}
+}
+
+func signalName(sig os.Signal) string {
+	switch sig {
+	case syscall.SIGTERM:
+		return "SIGTERM"
+	case syscall.SIGINT:
+		return "SIGINT"
+	}
+	return sig.String()
+}
+
+// Serve serves on ln until the drain has run its course and every request
+// has finished or been cut; it does not watch signals (Run does). It returns
+// nil after a clean stop, or the listener's error if the listener failed, in
+// which case the Server still skips the drain and shuts down in order.
+func (s *Server) Serve(ln net.Listener) error {
+	if !s.served.CompareAndSwap(false, true) {
+		return errors.New("drain: Serve called twice")
+	}
+	since := time.Now()
+	s.log.Info("serving", "addr", ln.Addr().String(), "health_path", s.cfg.HealthPath,
+		"drain", s.cfg.Drain.String(), "shutdown_timeout", s.cfg.ShutdownTimeout.String(),
+		"keepalive", s.cfg.KeepAlive.String())
+
+	listenerClosed := make(chan struct{})
+	s.hs.RegisterOnShutdown(func() { close(listenerClosed) })
+	serveDone := make(chan error, 1)
+	go func() { serveDone <- s.hs.Serve(ln) }()
+
+	var serveErr error
+	select {
+	case <-s.drainCh:
+	case err := <-serveDone:
+		serveErr = s.listenerFailed(ln, err)
+	}
+	since = s.enter(Draining, since, s.drainReason,
+		"drain", s.cfg.Drain.String(), "health", http.StatusServiceUnavailable)
+	drainStart := since
+
+	timer := time.NewTimer(s.cfg.Drain)
+	defer timer.Stop()
+	reason := ReasonDrainElapsed
+	select {
+	case <-timer.C:
+	case <-s.skipCh:
+		reason = s.skipReason
+	case err := <-serveDone:
+		if serveErr = s.listenerFailed(ln, err); serveErr != nil {
+			reason = s.skipReason
+		}
+	}
+
+	ctx, cancel := context.WithTimeout(context.Background(), s.cfg.ShutdownTimeout)
+	defer cancel()
+	shutdown := make(chan error, 1)
+	go func() { shutdown <- s.hs.Shutdown(ctx) }()
+	<-listenerClosed
+	// hs.Serve may not have taken ln over yet if the drain was skipped at
+	// once; closing it here makes "listener closed" true either way.
+	_ = ln.Close()
+	since = s.enter(ShuttingDown, since, reason,
+		"in_flight", s.inFlightCount(), "shutdown_timeout", s.cfg.ShutdownTimeout.String())
+
+	cut := 0
+	reason = ReasonAllFinished
+	if err := <-shutdown; errors.Is(err, context.DeadlineExceeded) {
+		cut = s.cut()
+		reason = ReasonDeadline
+	}
+	s.cancelBase()
+	s.enter(Stopped, since, reason, "cut", cut,
+		"since_drain_start", time.Since(drainStart).Round(time.Millisecond).String())
+	return serveErr
+}
+
+// listenerFailed records a failure of the listener while serving and skips
+// the drain: nothing new can arrive, so only in-flight requests matter.
+func (s *Server) listenerFailed(ln net.Listener, err error) error {
+	if errors.Is(err, http.ErrServerClosed) {
+		return nil
+	}
+	reason := fmt.Sprintf("%s: %v", reasonListenerError, err)
+	s.log.Error("listener failed; shutting down", "addr", ln.Addr().String(), "err", err)
+	s.skipDrain(reason)
+	return fmt.Errorf("drain: serving on %s: %w", ln.Addr(), err)
+}
+
+// cut closes every connection still open at the shutdown deadline and logs
+// each request that was still running: the balancer answers those with 502.
+func (s *Server) cut() int {
+	s.mu.Lock()
+	reqs := make([]*request, 0, len(s.inFlight))
+	for r := range s.inFlight {
+		reqs = append(reqs, r)
+	}
+	s.mu.Unlock()
+	now := time.Now()
+	for _, r := range reqs {
+		s.log.Warn("request cut at shutdown timeout", "method", r.method, "path", r.path,
+			"remote", r.remote, "running", now.Sub(r.start).Round(time.Millisecond).String(),
+			"shutdown_timeout", s.cfg.ShutdownTimeout.String())
+	}
+	s.cancelBase()
+	if err := s.hs.Close(); err != nil {
+		s.log.Warn("closing connections after shutdown timeout", "err", err)
+	}
+	return len(reqs)
+}
+
+// enter moves to phase to, logs the change with how long the previous phase
+// lasted, tells the hooks and closes Entered(to). It returns when to began.
+func (s *Server) enter(to Phase, since time.Time, reason string, attrs ...any) time.Time {
+	from := s.Phase()
+	s.phase.Store(int32(to))
+	now := time.Now()
+	pc := PhaseChange{From: from, To: to, At: now, Lasted: now.Sub(since), Reason: reason}
+	args := append([]any{"phase", to.String(), "from", from.String(),
+		"lasted", pc.Lasted.Round(time.Millisecond).String(), "reason", reason}, attrs...)
+	s.log.Info("phase "+to.String(), args...)
+	for _, h := range s.hooks {
+		h(pc)
+	}
+	close(s.entered[to])
+	return now
+}
+
+func (s *Server) inFlightCount() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.inFlight)
+}
+
+// ServeHTTP answers the health route itself and passes everything else on.
+// Once the drain has started every response carries Connection: close, so a
+// balancer's pooled connections move away before the listener closes rather
+// than being closed under a request.
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	phase := s.Phase()
+	if r.URL.Path == s.cfg.HealthPath {
+		if phase != Serving {
+			w.Header().Set("Connection", "close")
+		}
+		s.health(w, r, phase)
+		return
+	}
+	w = &closingWriter{ResponseWriter: w, s: s}
+	req := &request{method: r.Method, path: r.URL.Path, remote: r.RemoteAddr, start: time.Now()}
+	s.mu.Lock()
+	s.inFlight[req] = struct{}{}
+	s.mu.Unlock()
+	defer func() {
+		s.mu.Lock()
+		delete(s.inFlight, req)
+		s.mu.Unlock()
+	}()
+	s.next.ServeHTTP(w, r)
+}
+
+func (s *Server) health(w http.ResponseWriter, r *http.Request, phase Phase) {
+	if r.Method != http.MethodGet && r.Method != http.MethodHead {
+		w.Header().Set("Allow", "GET, HEAD")
+		http.Error(w, "method not allowed", http.StatusMethodNotAllowed)
+		return
+	}
+	if phase != Serving {
+		s.log.Debug("health answered 503", "reason", "draining", "phase", phase.String())
+		healthAnswer(w, r, http.StatusServiceUnavailable, phase.String())
+		return
+	}
+	if s.ready != nil {
+		if err := s.ready(r.Context()); err != nil {
+			// Logged on change only: the balancer asks every few seconds.
+			if s.notReady.CompareAndSwap(false, true) {
+				s.log.Warn("not ready: health answers 503", "reason", "not ready", "err", err)
+			}
+			s.log.Debug("health answered 503", "reason", "not ready", "err", err)
+			healthAnswer(w, r, http.StatusServiceUnavailable, "not ready")
+			return
+		}
+		if s.notReady.CompareAndSwap(true, false) {
+			s.log.Info("ready again: health answers " + http.StatusText(s.cfg.HealthyStatus))
+		}
+	}
+	healthAnswer(w, r, s.cfg.HealthyStatus, "ok")
+}
+
+func healthAnswer(w http.ResponseWriter, r *http.Request, code int, body string) {
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	w.Header().Set("Cache-Control", "no-store")
+	w.WriteHeader(code)
+	if r.Method != http.MethodHead {
+		_, _ = fmt.Fprintln(w, body)
+	}
+}
+
+// closingWriter adds Connection: close to a response whose header is written
+// after the drain started, even if its request arrived before.
+type closingWriter struct {
+	http.ResponseWriter
+	s           *Server
+	wroteHeader bool
+}
+
+func (w *closingWriter) WriteHeader(code int) {
+	// 1xx responses (e.g. 103 Early Hints) precede the real header.
+	if !w.wroteHeader && code >= http.StatusOK {
+		w.wroteHeader = true
+		if w.s.Phase() != Serving {
+			w.Header().Set("Connection", "close")
+		}
+	}
+	w.ResponseWriter.WriteHeader(code)
+}
+
+func (w *closingWriter) Write(b []byte) (int, error) {
+	if !w.wroteHeader {
+		w.WriteHeader(http.StatusOK)
+	}
+	return w.ResponseWriter.Write(b)
+}
+
+// Flush keeps streaming handlers working through the wrapper.
+func (w *closingWriter) Flush() {
+	if !w.wroteHeader {
+		w.WriteHeader(http.StatusOK)
+	}
+	_ = http.NewResponseController(w.ResponseWriter).Flush()
+}
+
+// Unwrap lets http.ResponseController reach the connection's own writer.
+func (w *closingWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
