@@ -1,0 +1,193 @@
+package rehearsal
+
+import (
+	"context"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// statusServer answers every request with code and counts the connections
+// it accepts.
+func statusServer(t *testing.T, code int) (*httptest.Server, *atomic.Int64) {
+	t.Helper()
+	var conns atomic.Int64
+	s := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		w.WriteHeader(code)
+	}))
+	s.Config.ConnState = func(_ net.Conn, st http.ConnState) {
+		if st == http.StateNew {
+			conns.Add(1)
+		}
+	}
+	s.Start()
+	t.Cleanup(s.Close)
+	return s, &conns
+}
+
+// closedURL is a loopback URL nothing listens on: every request to it is
+// refused.
+func closedURL(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	addr := l.Addr().String()
+	require.NoError(t, l.Close())
+	return "http://" + addr
+}
+
+func TestLoadClassifiesEveryResponse(t *testing.T) {
+	const perTarget = 10
+	var targets []string
+	for _, code := range []int{200, 502, 503, 504, 418} {
+		s, _ := statusServer(t, code)
+		targets = append(targets, s.URL)
+	}
+	targets = append(targets, closedURL(t))
+
+	l, err := StartLoad(context.Background(), LoadConfig{
+		Targets:        targets,
+		Path:           "/work",
+		Rate:           200,
+		RequestTimeout: 5 * time.Second,
+		MaxRequests:    perTarget * int64(len(targets)),
+		MaxDuration:    time.Minute,
+	})
+	require.NoError(t, err)
+	select {
+	case <-l.Done():
+	case <-time.After(time.Minute):
+		t.Fatal("load did not stop at MaxRequests")
+	}
+	got := l.Stop()
+	assert.Equal(t, Counts{
+		Requests:     perTarget * 6,
+		OK:           perTarget,
+		BadGateway:   perTarget,
+		Unavailable:  perTarget,
+		Timeout:      perTarget,
+		OtherStatus:  perTarget,
+		ClientErrors: perTarget,
+	}, got)
+	assert.Equal(t, int64(2*perTarget), got.ReachedNothing(), "502s and 504s reached nothing")
+	var refused, teapot int64
+	for msg, n := range l.Errors() {
+		if msg == "status 418" {
+			teapot += n
+		} else {
+			refused += n
+		}
+	}
+	assert.Equal(t, int64(perTarget), teapot, "unexpected statuses are named: %v", l.Errors())
+	assert.Equal(t, int64(perTarget), refused, "client errors are named: %v", l.Errors())
+}
+
+func TestLoadReusesConnections(t *testing.T) {
+	s, conns := statusServer(t, 200)
+	const n = 100
+	l, err := StartLoad(context.Background(), LoadConfig{
+		Targets: []string{s.URL}, Path: "/about", Rate: 200,
+		RequestTimeout: 5 * time.Second, MaxRequests: n, MaxDuration: time.Minute,
+	})
+	require.NoError(t, err)
+	<-l.Done()
+	got := l.Stop()
+	require.Equal(t, int64(n), got.OK, "all requests answered: %+v %v", got, l.Errors())
+	// Answers take microseconds, so a handful of keep-alive connections carry
+	// the load; a connection per request would mean keep-alive is off, and
+	// the rehearsal would never see a balancer reusing a closing connection.
+	assert.LessOrEqual(t, conns.Load(), int64(n/10), "connections opened for %d requests", n)
+}
+
+func TestLoadStopsAtMaxDuration(t *testing.T) {
+	s, _ := statusServer(t, 200)
+	l, err := StartLoad(context.Background(), LoadConfig{
+		Targets: []string{s.URL}, Path: "/work", Rate: 50,
+		RequestTimeout: time.Second, MaxRequests: 1 << 40, MaxDuration: 200 * time.Millisecond,
+	})
+	require.NoError(t, err)
+	select {
+	case <-l.Done():
+	case <-time.After(30 * time.Second):
+		t.Fatal("load ran past MaxDuration")
+	}
+	got := l.Stop()
+	assert.Less(t, got.Requests, int64(1<<40))
+	assert.Equal(t, got.Requests, got.OK)
+}
+
+func TestLoadFinishesInFlightRequestsOnStop(t *testing.T) {
+	release := make(chan struct{})
+	started := make(chan struct{}, 1)
+	s := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		select {
+		case started <- struct{}{}:
+		default:
+		}
+		<-release
+	}))
+	t.Cleanup(s.Close)
+	l, err := StartLoad(context.Background(), LoadConfig{
+		Targets: []string{s.URL}, Path: "/work", Rate: 100,
+		RequestTimeout: time.Minute, MaxRequests: 1, MaxDuration: time.Minute,
+	})
+	require.NoError(t, err)
+	<-started
+	stopped := make(chan Counts)
+	go func() { stopped <- l.Stop() }()
+	close(release)
+	got := <-stopped
+	assert.Equal(t, Counts{Requests: 1, OK: 1}, got, "a request in flight at Stop is answered and counted")
+}
+
+func TestLoadConfigValidate(t *testing.T) {
+	good := LoadConfig{
+		Targets: []string{"http://127.0.0.1:8080"}, Path: "/work", Rate: 1,
+		RequestTimeout: time.Second, MaxRequests: 1, MaxDuration: time.Second,
+	}
+	tests := []struct {
+		name    string
+		edit    func(*LoadConfig)
+		wantErr []string
+	}{
+		{"valid", func(*LoadConfig) {}, nil},
+		{"off-machine target", func(c *LoadConfig) { c.Targets = []string{"http://10.0.0.1:80"} }, []string{`"http://10.0.0.1:80" must be http://127.0.0.1:<port>`}},
+		{"name, not address", func(c *LoadConfig) { c.Targets = []string{"http://localhost:80"} }, []string{"localhost"}},
+		{"https", func(c *LoadConfig) { c.Targets = []string{"https://127.0.0.1:443"} }, []string{"https://127.0.0.1:443"}},
+		{"no targets", func(c *LoadConfig) { c.Targets = nil }, []string{"Targets is empty"}},
+		{"everything wrong at once", func(c *LoadConfig) { *c = LoadConfig{Path: "work"} }, []string{
+			"Targets is empty", `Path "work"`, "Rate 0", "RequestTimeout 0s", "MaxRequests 0", "MaxDuration 0s",
+		}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c := good
+			tt.edit(&c)
+			err := c.Validate()
+			if tt.wantErr == nil {
+				assert.NoError(t, err)
+				return
+			}
+			require.Error(t, err)
+			for _, want := range tt.wantErr {
+				assert.Contains(t, err.Error(), want)
+			}
+			_, startErr := StartLoad(context.Background(), c)
+			assert.Error(t, startErr, "StartLoad refuses what Validate refuses")
+		})
+	}
+}
+
+func TestCountsArithmetic(t *testing.T) {
+	a := Counts{Requests: 10, OK: 5, BadGateway: 1, Unavailable: 1, Timeout: 1, OtherStatus: 1, ClientErrors: 1, Skipped: 2}
+	b := Counts{Requests: 4, OK: 3, BadGateway: 1}
+	assert.Equal(t, Counts{Requests: 6, OK: 2, Unavailable: 1, Timeout: 1, OtherStatus: 1, ClientErrors: 1, Skipped: 2}, a.Sub(b))
+	assert.Equal(t, a, a.Sub(b).Add(b))
+	assert.Equal(t, int64(2), a.ReachedNothing())
+}

@@ -1,0 +1,124 @@
+// Package rehearsal rehearses rolling deploys on one host and counts the
+// requests that reached nothing.
+//
+// K simulated servers (each a compose project started by the real hooks) sit
+// behind two Caddy instances that health-check them independently, as ALB
+// nodes do, with every health-check number taken from infra.Timing. A load
+// generator sends a steady rate of requests through both balancers while the
+// real deploy hook replaces every server in turn, D times, and the real
+// watchdog runs on every server on its own timer. Each response is classified
+// (2xx, 502, 503, 504, other, client error) and reported per deploy.
+//
+// Two profiles run side by side: prod, the timing contract, and before, the
+// article's old setup (a 5 s drain against a balancer that needed up to a
+// minute to notice). prod must show no 502 or 504; before must show the bug.
+package rehearsal
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"time"
+
+	"github.com/mythex/infra/infra"
+)
+
+// Profile names.
+const (
+	ProfileProd   = "prod"
+	ProfileBefore = "before"
+)
+
+// The article's old setup, in its own words: the server drained for 5
+// seconds, while the balancer checked every 30 seconds and needed two failed
+// checks, "up to about 60 seconds end to end". These are the only numbers the
+// before profile changes; everything else is Prod's.
+const (
+	beforeDrain               = 5 * time.Second
+	beforeHealthCheckInterval = 30 * time.Second
+	beforeUnhealthyThreshold  = 2
+)
+
+// Profile is one timing a rehearsal deploys with.
+type Profile struct {
+	// Name is ProfileProd or ProfileBefore.
+	Name string
+	// Unscaled is the timing as production would run it.
+	Unscaled infra.Timing
+	// Timing is Unscaled scaled by the rehearsal's factor: what actually runs.
+	Timing infra.Timing
+	// Violations are the rules Unscaled breaks: none for prod, the reasons
+	// for the 502s for before.
+	Violations []infra.Violation
+}
+
+// Before returns the article's old setup: Prod with only the numbers the
+// article changed put back.
+func Before() infra.Timing {
+	t := infra.Prod()
+	t.Drain = beforeDrain
+	t.HealthCheckInterval = beforeHealthCheckInterval
+	t.UnhealthyThreshold = beforeUnhealthyThreshold
+	return t
+}
+
+// CheckScale reports why f cannot scale t for a rehearsal, or nil. Every
+// duration is scaled by the same f; Docker takes the stop grace period in
+// whole seconds, so the scaled StopGracePeriod must be whole or Docker's kill
+// would come at a different moment than the timing says.
+func CheckScale(t infra.Timing, f float64) error {
+	if math.IsNaN(f) || f <= 0 || f > 1 {
+		return fmt.Errorf("scale %v must be within (0, 1]", f)
+	}
+	s := t.Scaled(f)
+	if s.StopGracePeriod < time.Second || s.StopGracePeriod%time.Second != 0 {
+		return fmt.Errorf("scale %v makes StopGracePeriod %v × %v = %v, but Docker's stop grace period has one-second resolution: choose a scale that makes it whole seconds (e.g. %v)",
+			f, t.StopGracePeriod, f, s.StopGracePeriod, suggestScale(t.StopGracePeriod, f))
+	}
+	return nil
+}
+
+// suggestScale returns the scale nearest f that makes d whole seconds.
+func suggestScale(d time.Duration, f float64) float64 {
+	secs := math.Max(1, math.Round(d.Seconds()*f))
+	return secs / d.Seconds()
+}
+
+// Profiles returns the named profiles scaled by f. prod's scaled timing must
+// keep every invariant; before's unscaled violations are carried along to be
+// reported, because breaking them is what the before profile is for.
+func Profiles(f float64, names ...string) ([]Profile, error) {
+	var out []Profile
+	var errs []error
+	for _, name := range names {
+		var base infra.Timing
+		switch name {
+		case ProfileProd:
+			base = infra.Prod()
+		case ProfileBefore:
+			base = Before()
+		default:
+			errs = append(errs, fmt.Errorf("profile %q: unknown (want %s or %s)", name, ProfileProd, ProfileBefore))
+			continue
+		}
+		if err := CheckScale(base, f); err != nil {
+			errs = append(errs, fmt.Errorf("profile %s: %w", name, err))
+			continue
+		}
+		p := Profile{Name: name, Unscaled: base, Timing: base.Scaled(f), Violations: base.Violations()}
+		if name == ProfileProd {
+			if err := p.Timing.ValidateInvariants(); err != nil {
+				errs = append(errs, fmt.Errorf("profile prod scaled by %v: %w", f, err))
+				continue
+			}
+		}
+		out = append(out, p)
+	}
+	if len(names) == 0 {
+		errs = append(errs, errors.New("no profile given"))
+	}
+	if err := errors.Join(errs...); err != nil {
+		return nil, err
+	}
+	return out, nil
+}
