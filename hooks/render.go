@@ -1,0 +1,270 @@
+package hooks
+
+import (
+	"bytes"
+	"crypto/sha256"
+	_ "embed"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"text/template"
+	"time"
+
+	"github.com/mythex/infra/infra"
+)
+
+// Roles are the services every server runs, in the order the scripts check
+// and report them.
+var Roles = []string{"api", "orchestrator", "gateway", "publish-worker"}
+
+// BalancerRole is the service the load balancer's target group sends to: the
+// only one published beyond loopback.
+const BalancerRole = "api"
+
+// The variables compose.yaml interpolates. Deploy records their values in
+// the server's state/deployed.env; the watchdog restarts from that file.
+const (
+	EnvVersion     = "MYTHEX_VERSION"
+	EnvAppPort     = "MYTHEX_APP_PORT"
+	EnvBind        = "MYTHEX_BIND"
+	EnvImagePrefix = "MYTHEX_IMAGE_PREFIX"
+)
+
+// composeVars lists the variables above in the order deployed.env holds them.
+var composeVars = []string{EnvVersion, EnvImagePrefix, EnvBind, EnvAppPort}
+
+const (
+	// DefaultImagePrefix names the images when MYTHEX_IMAGE_PREFIX is unset:
+	// mythex/<role>:<version>.
+	DefaultImagePrefix = "mythex"
+	// defaultBind publishes api on every interface of the server, where the
+	// load balancer reaches it.
+	defaultBind = "0.0.0.0"
+	// containerPort is where every service listens inside its container;
+	// each container has its own network namespace, so one port fits all.
+	containerPort = 8080
+)
+
+// The files go generate writes into hooks/, each checked for staleness by
+// the tests.
+const (
+	ComposeFile   = "compose.yaml"
+	ChecksumFile  = "compose.yaml.sha256"
+	TimingEnvFile = "timing.env"
+	TimerFile     = "mythex-watchdog.timer"
+)
+
+//go:embed compose.tmpl
+var composeTemplate string
+
+var composeTmpl = template.Must(template.New("compose").Option("missingkey=error").Parse(composeTemplate))
+
+// ImageName is the image a role runs at a version.
+func ImageName(prefix, role, version string) string {
+	return prefix + "/" + role + ":" + version
+}
+
+// checkRenderable reports why t cannot drive the scripts and the compose
+// file: broken invariants, a stop grace period the Docker engine cannot
+// take, or a duration finer than the millisecond the scripts count in.
+func checkRenderable(t infra.Timing) error {
+	errs := []error{t.ValidateInvariants()}
+	if t.StopGracePeriod%time.Second != 0 {
+		errs = append(errs, fmt.Errorf("StopGracePeriod %v must be whole seconds: the Docker engine takes the stop timeout in seconds", t.StopGracePeriod))
+	}
+	for _, d := range []struct {
+		name string
+		v    time.Duration
+	}{
+		{"StopGracePeriod", t.StopGracePeriod},
+		{"ContainerHealthInterval", t.ContainerHealthInterval},
+		{"HealthCheckTimeout", t.HealthCheckTimeout},
+		{"StartTimeout", t.StartTimeout},
+		{"LockWait", t.LockWait},
+		{"WatchdogInterval", t.WatchdogInterval},
+	} {
+		if d.v%time.Millisecond != 0 {
+			errs = append(errs, fmt.Errorf("%s %v must be whole milliseconds: the scripts count in milliseconds", d.name, d.v))
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("timing cannot be rendered for the hooks: %w", err)
+	}
+	return nil
+}
+
+// span writes d the way compose and systemd both read it: whole seconds as
+// "30s", anything finer as milliseconds ("600ms").
+func span(d time.Duration) string {
+	if d%time.Second == 0 {
+		return strconv.FormatInt(int64(d/time.Second), 10) + "s"
+	}
+	return strconv.FormatInt(int64(d/time.Millisecond), 10) + "ms"
+}
+
+type composeService struct {
+	Role, Image, Publish string
+}
+
+// RenderCompose renders the compose definition for t.
+func RenderCompose(t infra.Timing) ([]byte, error) {
+	if err := checkRenderable(t); err != nil {
+		return nil, err
+	}
+	ref := func(name, fallback string) string { return "${" + name + ":-" + fallback + "}" }
+	versionRef := "${" + EnvVersion + ":?set " + EnvVersion + " to the release to run}"
+	var services []composeService
+	for _, role := range Roles {
+		publish := "127.0.0.1:" // loopback, on a port Docker picks
+		if role == BalancerRole {
+			publish = ref(EnvBind, defaultBind) + ":${" + EnvAppPort + ":?set " + EnvAppPort + " to the target group's port}"
+		}
+		services = append(services, composeService{
+			Role:    role,
+			Image:   ImageName(ref(EnvImagePrefix, DefaultImagePrefix), role, versionRef),
+			Publish: publish,
+		})
+	}
+	var drainEnv []string
+	for _, kv := range t.DrainConfig().Environ() {
+		// JSON strings are YAML strings; $ would start an interpolation.
+		q, err := json.Marshal(strings.ReplaceAll(kv, "$", "$$"))
+		if err != nil {
+			return nil, fmt.Errorf("quote %q: %w", kv, err)
+		}
+		drainEnv = append(drainEnv, string(q))
+	}
+	data := map[string]any{
+		"Services":           services,
+		"StopGrace":          span(t.StopGracePeriod),
+		"Drain":              t.Drain.String(),
+		"Shutdown":           t.ShutdownTimeout.String(),
+		"KillMargin":         t.KillSlack().String(),
+		"HealthInterval":     span(t.ContainerHealthInterval),
+		"HealthTimeout":      span(t.HealthCheckTimeout),
+		"Retries":            t.UnhealthyThreshold,
+		"DrainEnv":           drainEnv,
+		"ContainerPort":      containerPort,
+		"VersionRef":         versionRef,
+		"VarVersion":         EnvVersion,
+		"VarAppPort":         EnvAppPort,
+		"VarBind":            EnvBind,
+		"VarImagePrefix":     EnvImagePrefix,
+		"DefaultBind":        defaultBind,
+		"DefaultImagePrefix": DefaultImagePrefix,
+	}
+	var b bytes.Buffer
+	if err := composeTmpl.Execute(&b, data); err != nil {
+		return nil, fmt.Errorf("render compose definition: %w", err)
+	}
+	return b.Bytes(), nil
+}
+
+// Checksum is the published checksum file of a compose definition, in
+// sha256sum's format.
+func Checksum(compose []byte) []byte {
+	sum := sha256.Sum256(compose)
+	return []byte(hex.EncodeToString(sum[:]) + "  " + ComposeFile + "\n")
+}
+
+// RenderTimingEnv renders the numbers the scripts read. Durations are whole
+// milliseconds, so bash's integer arithmetic handles a scaled timing too.
+func RenderTimingEnv(t infra.Timing) ([]byte, error) {
+	if err := checkRenderable(t); err != nil {
+		return nil, err
+	}
+	ms := func(d time.Duration) string { return strconv.FormatInt(int64(d/time.Millisecond), 10) }
+	var b bytes.Buffer
+	b.WriteString(`# The numbers the hooks scripts need, generated from the timing contract
+# (infra.Timing) by ` + "`go generate ./hooks`" + `: do not edit. Durations are
+# milliseconds. The scripts parse this file (they do not source it).
+`)
+	for _, kv := range [][2]string{
+		{"MYTHEX_LOCK_WAIT_MS", ms(t.LockWait)},
+		{"MYTHEX_START_TIMEOUT_MS", ms(t.StartTimeout)},
+		{"MYTHEX_STOP_GRACE_PERIOD_MS", ms(t.StopGracePeriod)},
+		{"MYTHEX_CONTAINER_HEALTH_INTERVAL_MS", ms(t.ContainerHealthInterval)},
+		{"MYTHEX_HEALTH_CHECK_TIMEOUT_MS", ms(t.HealthCheckTimeout)},
+		{"MYTHEX_WATCHDOG_INTERVAL_MS", ms(t.WatchdogInterval)},
+		{"MYTHEX_WATCHDOG_STRIKES", strconv.Itoa(t.WatchdogStrikes)},
+		{"MYTHEX_HEALTH_PATH", infra.HealthPath},
+		{"MYTHEX_HEALTHY_STATUS", strconv.Itoa(infra.HealthyStatus)},
+		{"MYTHEX_SERVICES", `"` + strings.Join(Roles, " ") + `"`},
+		{"MYTHEX_COMPOSE_VARS", `"` + strings.Join(composeVars, " ") + `"`},
+	} {
+		fmt.Fprintf(&b, "%s=%s\n", kv[0], kv[1])
+	}
+	return b.Bytes(), nil
+}
+
+// RenderTimer renders the systemd timer that runs the watchdog every
+// WatchdogInterval.
+func RenderTimer(t infra.Timing) ([]byte, error) {
+	if err := checkRenderable(t); err != nil {
+		return nil, err
+	}
+	// systemd may delay a timer by AccuracySec (1 min by default, longer than
+	// our interval); a sixtieth of the interval keeps four strikes about
+	// three intervals apart. Delays only ever lengthen the tolerance.
+	accuracy := max((t.WatchdogInterval/60).Truncate(time.Millisecond), time.Millisecond)
+	return fmt.Appendf(nil, `# Generated from the timing contract (infra.Timing) by `+"`go generate ./hooks`"+`:
+# do not edit. Runs the watchdog every WatchdogInterval; bootstrap installs
+# and enables it.
+[Unit]
+Description=Run the Mythex watchdog every watchdog interval
+
+[Timer]
+# OnUnitActiveSec alone never fires a first time; OnActiveSec starts the
+# cycle when the timer starts (at boot, or when bootstrap enables it).
+OnActiveSec=%[1]s
+OnUnitActiveSec=%[1]s
+AccuracySec=%[2]s
+Unit=mythex-watchdog.service
+
+[Install]
+WantedBy=timers.target
+`, span(t.WatchdogInterval), span(accuracy)), nil
+}
+
+// Generated returns every file go generate writes into hooks/, by name.
+func Generated(t infra.Timing) (map[string][]byte, error) {
+	compose, err := RenderCompose(t)
+	if err != nil {
+		return nil, err
+	}
+	env, err := RenderTimingEnv(t)
+	if err != nil {
+		return nil, err
+	}
+	timer, err := RenderTimer(t)
+	if err != nil {
+		return nil, err
+	}
+	return map[string][]byte{
+		ComposeFile:   compose,
+		ChecksumFile:  Checksum(compose),
+		TimingEnvFile: env,
+		TimerFile:     timer,
+	}, nil
+}
+
+// WriteRelease writes what a deploy takes from its release directory for
+// timing t: compose.yaml, its checksum, and timing.env. The rehearsal and the
+// tests write one per scaled timing; production ships hooks/ itself.
+func WriteRelease(dir string, t infra.Timing) error {
+	files, err := Generated(t)
+	if err != nil {
+		return err
+	}
+	for _, name := range []string{ComposeFile, ChecksumFile, TimingEnvFile} {
+		if err := os.WriteFile(filepath.Join(dir, name), files[name], 0o644); err != nil {
+			return fmt.Errorf("write release file: %w", err)
+		}
+	}
+	return nil
+}
