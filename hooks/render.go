@@ -211,7 +211,7 @@ func RenderTimer(t infra.Timing) ([]byte, error) {
 	// systemd may delay a timer by AccuracySec (1 min by default, longer than
 	// our interval); a sixtieth of the interval keeps four strikes about
 	// three intervals apart. Delays only ever lengthen the tolerance.
-	accuracy := max((t.WatchdogInterval/60).Truncate(time.Millisecond), time.Millisecond)
+	accuracy := max((t.WatchdogInterval / 60).Truncate(time.Millisecond), time.Millisecond)
 	return fmt.Appendf(nil, `# Generated from the timing contract (infra.Timing) by `+"`go generate ./hooks`"+`:
 # do not edit. Runs the watchdog every WatchdogInterval; bootstrap installs
 # and enables it.
