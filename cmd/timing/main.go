@@ -1,0 +1,184 @@
+// Command timing shows the deploy timing contract (infra.Prod) to people.
+//
+//	timing [show]                      values with reasons, margins, drain timeline
+//	timing markdown [-o FILE]          TIMING.md (go run ./cmd/timing markdown -o TIMING.md)
+//	timing diff [-o FILE] REV [REV2]   the contract at REV against the working tree
+//	                                   (or against REV2), as markdown
+//
+// show and markdown exit 1 when the contract breaks a rule, after printing
+// it; diff exits 0 whenever it could compare, since a broken side is what it
+// is there to show. Usage errors exit 2.
+package main
+
+//go:generate go run . markdown -o ../../TIMING.md
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"syscall"
+
+	"github.com/mythex/infra/contract"
+	"github.com/mythex/infra/infra"
+)
+
+const usage = `usage:
+  timing [show]                     print the contract: values with reasons, invariants with
+                                    margins, the drain timeline
+  timing markdown [-o FILE]         print TIMING.md, or write it to FILE
+  timing diff [-o FILE] REV [REV2]  compare the contract at git revision REV with the working
+                                    tree (or with REV2), as markdown; e.g. timing diff origin/main
+`
+
+// errUsage marks a command line that cannot be run; it exits 2.
+var errUsage = errors.New("usage")
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	os.Exit(run(ctx, os.Args[1:], os.Stdout, os.Stderr))
+}
+
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	cmd := "show"
+	if len(args) > 0 {
+		cmd, args = args[0], args[1:]
+	}
+	var err error
+	switch cmd {
+	case "show":
+		err = show(args, stdout)
+	case "markdown":
+		err = markdown(args, stdout, stderr)
+	case "diff":
+		err = diff(ctx, args, stdout, stderr)
+	case "help", "-h", "-help", "--help":
+		fmt.Fprint(stdout, usage)
+		return 0
+	default:
+		err = fmt.Errorf("%w: unknown command %q", errUsage, cmd)
+	}
+	switch {
+	case err == nil:
+		return 0
+	case errors.Is(err, errUsage):
+		fmt.Fprintf(stderr, "timing: %v\n%s", err, usage)
+		return 2
+	default:
+		fmt.Fprintf(stderr, "timing: %v\n", err)
+		return 1
+	}
+}
+
+func show(args []string, stdout io.Writer) error {
+	if len(args) > 0 {
+		return fmt.Errorf("%w: show takes no arguments, got %q", errUsage, args)
+	}
+	t := infra.Prod()
+	if err := contract.Write(stdout, t); err != nil {
+		return err
+	}
+	return t.Validate()
+}
+
+// parse reads flags for a subcommand; -o is the output file.
+func parse(name string, args []string, stderr io.Writer) (*flag.FlagSet, string, error) {
+	fs := flag.NewFlagSet("timing "+name, flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	out := fs.String("o", "", "write to `FILE` (atomically) instead of standard output")
+	if err := fs.Parse(args); err != nil {
+		return nil, "", fmt.Errorf("%w: %w", errUsage, err)
+	}
+	return fs, *out, nil
+}
+
+func markdown(args []string, stdout, stderr io.Writer) error {
+	fs, out, err := parse("markdown", args, stderr)
+	if err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("%w: markdown takes no arguments, got %q", errUsage, fs.Args())
+	}
+	src, err := contract.LoadSourceHere()
+	if err != nil {
+		return err
+	}
+	t := infra.Prod()
+	var buf bytes.Buffer
+	if err := contract.WriteMarkdown(&buf, t, src); err != nil {
+		return err
+	}
+	// The file is written even for a broken contract: it shows the broken
+	// rules, and the exit status says so.
+	if err := emit(out, buf.Bytes(), stdout); err != nil {
+		return err
+	}
+	return t.Validate()
+}
+
+func diff(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs, out, err := parse("diff", args, stderr)
+	if err != nil {
+		return err
+	}
+	if fs.NArg() < 1 || fs.NArg() > 2 {
+		return fmt.Errorf("%w: diff takes one or two revisions, got %d", errUsage, fs.NArg())
+	}
+	root, err := contract.FindModuleRoot(".")
+	if err != nil {
+		return err
+	}
+	oldSide, err := contract.AtRevision(ctx, root, fs.Arg(0))
+	if err != nil {
+		return err
+	}
+	newSide := contract.Current()
+	if fs.NArg() == 2 {
+		if newSide, err = contract.AtRevision(ctx, root, fs.Arg(1)); err != nil {
+			return err
+		}
+	}
+	var buf bytes.Buffer
+	if err := contract.WriteDiff(&buf, oldSide, newSide); err != nil {
+		return err
+	}
+	return emit(out, buf.Bytes(), stdout)
+}
+
+// emit writes data to stdout, or atomically to path: a temporary file in the
+// same directory renamed over it, so a reader never sees half a file.
+func emit(path string, data []byte, stdout io.Writer) error {
+	if path == "" {
+		if _, err := stdout.Write(data); err != nil {
+			return fmt.Errorf("write: %w", err)
+		}
+		return nil
+	}
+	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".*")
+	if err != nil {
+		return fmt.Errorf("write %s: %w", path, err)
+	}
+	defer os.Remove(f.Name()) // a no-op once renamed
+	if _, err := f.Write(data); err != nil {
+		f.Close()
+		return fmt.Errorf("write %s: %w", path, err)
+	}
+	if err := f.Chmod(0o644); err != nil {
+		f.Close()
+		return fmt.Errorf("write %s: %w", path, err)
+	}
+	if err := f.Close(); err != nil {
+		return fmt.Errorf("write %s: %w", path, err)
+	}
+	if err := os.Rename(f.Name(), path); err != nil {
+		return fmt.Errorf("write %s: %w", path, err)
+	}
+	return nil
+}

@@ -1,0 +1,122 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/mythex/infra/contract"
+	"github.com/mythex/infra/infra"
+)
+
+func runTiming(t *testing.T, args ...string) (code int, stdout, stderr string) {
+	t.Helper()
+	var out, errOut bytes.Buffer
+	code = run(context.Background(), args, &out, &errOut)
+	return code, out.String(), errOut.String()
+}
+
+// TestTimingMDIsCurrent is why every pull request that changes a number
+// shows the change in TIMING.md's diff.
+func TestTimingMDIsCurrent(t *testing.T) {
+	root, err := contract.FindModuleRoot(".")
+	require.NoError(t, err)
+	code, want, stderr := runTiming(t, "markdown")
+	require.Equal(t, 0, code, stderr)
+	got, err := os.ReadFile(filepath.Join(root, "TIMING.md"))
+	require.NoError(t, err, "TIMING.md is missing: run `%s` at the repository root", contract.GenerateCommand)
+	assert.Equal(t, want, string(got),
+		"TIMING.md is stale: the timing contract changed. Run `%s` at the repository root and commit TIMING.md.",
+		contract.GenerateCommand)
+}
+
+func TestRun(t *testing.T) {
+	tests := []struct {
+		name       string
+		args       []string
+		code       int
+		stdout     []string
+		stderr     []string
+		stdoutNone bool
+	}{
+		{name: "no arguments shows the contract", args: nil, code: 0, stdout: []string{"Valid: every rule holds.", "Drain timeline"}},
+		{name: "show", args: []string{"show"}, code: 0, stdout: []string{"Invariants"}},
+		{name: "help", args: []string{"-h"}, code: 0, stdout: []string{"usage:"}},
+		{name: "unknown command", args: []string{"shwo"}, code: 2, stderr: []string{`unknown command "shwo"`, "usage:"}, stdoutNone: true},
+		{name: "show with an argument", args: []string{"show", "x"}, code: 2, stderr: []string{"show takes no arguments"}, stdoutNone: true},
+		{name: "markdown with an argument", args: []string{"markdown", "x"}, code: 2, stderr: []string{"markdown takes no arguments"}, stdoutNone: true},
+		{name: "markdown with an unknown flag", args: []string{"markdown", "-x"}, code: 2, stderr: []string{"flag provided but not defined: -x"}, stdoutNone: true},
+		{name: "diff without a revision", args: []string{"diff"}, code: 2, stderr: []string{"diff takes one or two revisions, got 0"}, stdoutNone: true},
+		{name: "diff with three revisions", args: []string{"diff", "a", "b", "c"}, code: 2, stderr: []string{"got 3"}, stdoutNone: true},
+		{name: "diff against no commit", args: []string{"diff", "no-such-revision-anywhere"}, code: 1,
+			stderr: []string{`revision "no-such-revision-anywhere" is not a commit`}, stdoutNone: true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			code, stdout, stderr := runTiming(t, tt.args...)
+			assert.Equal(t, tt.code, code, "stderr: %s", stderr)
+			for _, s := range tt.stdout {
+				assert.Contains(t, stdout, s)
+			}
+			for _, s := range tt.stderr {
+				assert.Contains(t, stderr, s)
+			}
+			if tt.stdoutNone {
+				assert.Empty(t, stdout)
+			}
+		})
+	}
+}
+
+func TestMarkdownWritesFileAtomically(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "TIMING.md")
+	require.NoError(t, os.WriteFile(path, []byte("old"), 0o600))
+	code, stdout, stderr := runTiming(t, "markdown", "-o", path)
+	require.Equal(t, 0, code, stderr)
+	assert.Empty(t, stdout)
+
+	_, want, _ := runTiming(t, "markdown")
+	got, err := os.ReadFile(path)
+	require.NoError(t, err)
+	assert.Equal(t, want, string(got))
+	info, err := os.Stat(path)
+	require.NoError(t, err)
+	assert.Equal(t, os.FileMode(0o644), info.Mode().Perm())
+	entries, err := os.ReadDir(dir)
+	require.NoError(t, err)
+	assert.Len(t, entries, 1, "no temporary file is left behind")
+
+	code, _, stderr = runTiming(t, "markdown", "-o", filepath.Join(dir, "missing", "TIMING.md"))
+	assert.Equal(t, 1, code)
+	assert.Contains(t, stderr, "missing")
+}
+
+func TestShowOutsideTheRepository(t *testing.T) {
+	t.Chdir(t.TempDir())
+	code, _, stderr := runTiming(t, "show")
+	assert.Equal(t, 1, code)
+	assert.Contains(t, stderr, "run this inside the repository")
+}
+
+func TestDiffAgainstHead(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds another revision of package infra; run without -short")
+	}
+	out := filepath.Join(t.TempDir(), "diff.md")
+	code, stdout, stderr := runTiming(t, "diff", "-o", out, "HEAD")
+	require.Equal(t, 0, code, stderr)
+	assert.Empty(t, stdout)
+	data, err := os.ReadFile(out)
+	require.NoError(t, err)
+	md := string(data)
+	assert.True(t, strings.HasPrefix(md, "### Timing contract: `HEAD ("), md)
+	assert.Contains(t, md, "→ `working tree`")
+	assert.Contains(t, md, "| `"+string(infra.RuleDrainOutlasts)+"`")
+}
