@@ -116,7 +116,8 @@ func caddyEnv(dir string) []string {
 //     never tried on another upstream, so the rehearsal sees exactly what
 //     users would;
 //   - idle connections, both sides, closed after LBIdleTimeout, the ALB's
-//     idle timeout, which the app's keep-alive outlasts.
+//     idle timeout, which the app's keep-alive outlasts; an upstream silent
+//     that long is answered 504, as the ALB does.
 func CaddyConfig(t infra.Timing, port int, upstreams []string, dataDir string) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, `{
@@ -148,12 +149,13 @@ http://:%d {
 		health_passes %d
 		transport http {
 			keepalive %s
+			response_header_timeout %s
 		}
 	}
 }
 `, strconv.Quote(filepath.Join(dataDir, "storage")), t.LBIdleTimeout, port, strings.Join(upstreams, " "),
 		infra.HealthPath, t.HealthCheckInterval, t.HealthCheckTimeout, infra.HealthyStatus,
-		t.UnhealthyThreshold, t.HealthyThreshold, t.LBIdleTimeout)
+		t.UnhealthyThreshold, t.HealthyThreshold, t.LBIdleTimeout, t.LBIdleTimeout)
 	return b.String()
 }
 
@@ -382,6 +384,17 @@ func (h *HealthTracker) observe(host string, up bool) {
 		close(h.changed)
 		h.changed = make(chan struct{})
 	}
+}
+
+// All returns every upstream's verdict.
+func (h *HealthTracker) All() map[string]HostHealth {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	out := make(map[string]HostHealth, len(h.hosts))
+	for k, v := range h.hosts {
+		out[k] = *v
+	}
+	return out
 }
 
 // Get returns the verdict on host.

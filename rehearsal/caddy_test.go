@@ -96,6 +96,7 @@ func TestCaddyConfigAsCaddyReadsIt(t *testing.T) {
 	assert.Equal(t, tm.HealthyThreshold, rp.HealthChecks.Active.Passes)
 	assert.Empty(t, rp.HealthChecks.Passive, "no passive checks: only the active ones, as the ALB")
 	assert.Equal(t, int64(tm.LBIdleTimeout), rp.Transport.KeepAlive.IdleTimeout, "upstream idle timeout")
+	assert.Equal(t, int64(tm.LBIdleTimeout), rp.Transport.ResponseHeaderTimeout, "silent upstream answered 504")
 	if assert.NotNil(t, rp.LoadBalancing) {
 		assert.Zero(t, rp.LoadBalancing.Retries, "no retries")
 		assert.Zero(t, rp.LoadBalancing.TryDuration, "no retries")
@@ -131,6 +132,7 @@ type reverseProxyJSON struct {
 		KeepAlive struct {
 			IdleTimeout int64 `json:"idle_timeout"`
 		} `json:"keep_alive"`
+		ResponseHeaderTimeout int64 `json:"response_header_timeout"`
 	} `json:"transport"`
 }
 

@@ -1,0 +1,121 @@
+// Command rehearse rehearses rolling deploys through a real load balancer and
+// counts the requests that reached nothing.
+//
+// It starts K simulated servers (compose projects deployed by the real
+// hooks) behind two Caddy nodes health-checking them with the timing
+// contract's numbers, sends R requests per second through both, and deploys
+// a new version across every server D times, with the watchdog running on
+// every server. Every duration is scaled by one factor so a deploy takes
+// seconds. It runs the prod profile (our timing) and the before profile (the
+// old 5 s drain against a balancer that took a minute to notice), prints a
+// table per profile (or JSON with -json), and exits 1 unless prod has no 502
+// or 504, every service verified after every deploy and no watchdog restart,
+// and before shows the bug.
+//
+//	go run ./cmd/rehearse -servers 3 -deploys 20 -rate 200
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"syscall"
+
+	"github.com/mythex/infra/rehearsal"
+)
+
+const module = "module github.com/mythex/infra"
+
+func main() {
+	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+}
+
+func run(args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("rehearse", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	c := rehearsal.Config{Progress: stderr}
+	var profiles string
+	var asJSON bool
+	fs.IntVar(&c.Servers, "servers", 3, "servers (K), each a compose project of four services")
+	fs.IntVar(&c.Deploys, "deploys", 3, "rolling deploys per profile (D)")
+	fs.IntVar(&c.Rate, "rate", 200, "requests per second (R), spread over both balancer nodes")
+	fs.Float64Var(&c.Scale, "scale", 0.2, "factor on every duration; must make StopGracePeriod whole seconds")
+	fs.StringVar(&profiles, "profiles", rehearsal.ProfileProd+","+rehearsal.ProfileBefore, "profiles to run, in order")
+	fs.StringVar(&c.Path, "path", "/work?ms=10", "route the load asks through the balancers")
+	fs.StringVar(&c.WorkDir, "workdir", "", "keep servers' directories, balancer configs and logs here (default: a temporary directory, removed)")
+	fs.StringVar(&c.RepoRoot, "repo", "", "repository root (default: found from the working directory)")
+	fs.StringVar(&c.Caddy, "caddy", "", "Caddy binary (default: caddy on PATH if it accepts the config, else built once)")
+	fs.BoolVar(&asJSON, "json", false, "print the report as JSON")
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "rehearse: unexpected arguments %q\n", fs.Args())
+		return 2
+	}
+	c.Profiles = strings.Split(profiles, ",")
+	if c.RepoRoot == "" {
+		root, err := findRepo()
+		if err != nil {
+			fmt.Fprintf(stderr, "rehearse: %v\n", err)
+			return 2
+		}
+		c.RepoRoot = root
+	}
+	if err := c.Validate(); err != nil {
+		fmt.Fprintf(stderr, "rehearse: %v\n", err)
+		return 2
+	}
+
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	rep, runErr := rehearsal.Run(ctx, c)
+	write := rep.WriteTable
+	if asJSON {
+		write = rep.WriteJSON
+	}
+	if len(rep.Profiles) > 0 {
+		if err := write(stdout); err != nil {
+			fmt.Fprintf(stderr, "rehearse: %v\n", err)
+			return 1
+		}
+	}
+	if runErr != nil {
+		fmt.Fprintf(stderr, "rehearse: %v\n", runErr)
+		return 1
+	}
+	if err := rep.Check(); err != nil {
+		fmt.Fprintf(stderr, "rehearse: FAILED:\n%v\n", err)
+		return 1
+	}
+	return 0
+}
+
+// findRepo walks up from the working directory to this module's go.mod.
+func findRepo() (string, error) {
+	dir, err := os.Getwd()
+	if err != nil {
+		return "", fmt.Errorf("find the repository: %w", err)
+	}
+	for {
+		b, err := os.ReadFile(filepath.Join(dir, "go.mod"))
+		if err == nil && bytes.HasPrefix(bytes.TrimSpace(b), []byte(module)) {
+			return dir, nil
+		}
+		if err != nil && !errors.Is(err, os.ErrNotExist) {
+			return "", fmt.Errorf("find the repository: %w", err)
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			return "", errors.New("not inside the repository (no go.mod of github.com/mythex/infra above the working directory); use -repo")
+		}
+		dir = parent
+	}
+}

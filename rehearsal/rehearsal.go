@@ -1,0 +1,563 @@
+package rehearsal
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/mythex/infra/hooks"
+	"github.com/mythex/infra/infra"
+)
+
+// Config is one rehearsal.
+type Config struct {
+	// RepoRoot is the repository: hooks/ and cmd/service are taken from it.
+	RepoRoot string
+	// Servers (K), Deploys (D) and Rate (R, requests per second).
+	Servers, Deploys, Rate int
+	// Scale multiplies every duration of every profile.
+	Scale float64
+	// Profiles are run one after the other, in order.
+	Profiles []string
+	// Path is what the load asks (through the balancers).
+	Path string
+	// WorkDir keeps every server's directory, the balancers' configs and
+	// logs; "" means a temporary directory, removed afterwards.
+	WorkDir string
+	// Caddy is the balancer binary; "" means FindCaddy.
+	Caddy string
+	// Progress receives a line per step; nil means none.
+	Progress io.Writer
+}
+
+// Validate reports every problem with c at once.
+func (c Config) Validate() error {
+	var errs []error
+	if c.RepoRoot == "" {
+		errs = append(errs, errors.New("RepoRoot is empty"))
+	}
+	if c.Servers < 1 {
+		errs = append(errs, fmt.Errorf("Servers %d must be at least 1", c.Servers))
+	}
+	if c.Deploys < 1 {
+		errs = append(errs, fmt.Errorf("Deploys %d must be at least 1", c.Deploys))
+	}
+	if c.Rate < 1 {
+		errs = append(errs, fmt.Errorf("Rate %d must be at least 1 request per second", c.Rate))
+	}
+	if c.Path == "" || c.Path[0] != '/' {
+		errs = append(errs, fmt.Errorf("Path %q must start with /", c.Path))
+	} else if strings.HasPrefix(c.Path, infra.HealthPath) {
+		errs = append(errs, fmt.Errorf("Path %q is the health endpoint: the load asks real routes", c.Path))
+	}
+	if _, err := Profiles(c.Scale, c.Profiles...); err != nil {
+		errs = append(errs, err)
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("rehearsal config: %w", err)
+	}
+	return nil
+}
+
+// CheckDocker fails clearly when the Docker engine cannot be reached.
+func CheckDocker(ctx context.Context) error {
+	out, err := exec.CommandContext(ctx, "docker", "info", "--format", "{{.ServerVersion}}").CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("the rehearsal runs real containers, but the Docker engine is not reachable (is dockerd running, and may this user use it?): %w: %s",
+			err, bytes.TrimSpace(out))
+	}
+	return nil
+}
+
+// Run rehearses every profile in c and reports each deploy. The report is
+// filled as far as the run got even when an error is returned.
+func Run(ctx context.Context, c Config) (Report, error) {
+	profiles, err := Profiles(c.Scale, c.Profiles...)
+	if err := errors.Join(err, c.Validate()); err != nil {
+		return Report{}, err
+	}
+	rep := Report{Servers: c.Servers, Deploys: c.Deploys, Rate: c.Rate, Scale: c.Scale, Path: c.Path, Note: CountingNote}
+	if err := CheckDocker(ctx); err != nil {
+		return rep, err
+	}
+	work := c.WorkDir
+	if work == "" {
+		if work, err = os.MkdirTemp("", "mythex-rehearsal-"); err != nil {
+			return rep, fmt.Errorf("work dir: %w", err)
+		}
+		defer func() { _ = os.RemoveAll(work) }()
+	}
+	if c.Caddy == "" {
+		cache, err := CacheDir()
+		if err != nil {
+			return rep, err
+		}
+		c.logf("finding Caddy %s (building it on first use)", CaddyVersion)
+		if c.Caddy, err = FindCaddy(ctx, cache); err != nil {
+			return rep, err
+		}
+	}
+	id := runID()
+	base := id + "-base"
+	c.logf("building the reference service images (tag %s)", base)
+	if err := hooks.BuildImages(ctx, c.RepoRoot, base); err != nil {
+		return rep, fmt.Errorf("build images: %w", err)
+	}
+	img := &images{base: base, tags: []string{base}}
+	defer img.remove()
+	for _, p := range profiles {
+		pr, err := c.runProfile(ctx, p, id, filepath.Join(work, p.Name), img)
+		rep.Profiles = append(rep.Profiles, pr)
+		if err != nil {
+			return rep, fmt.Errorf("profile %s: %w", p.Name, err)
+		}
+	}
+	return rep, nil
+}
+
+func (c Config) logf(format string, args ...any) {
+	if c.Progress != nil {
+		fmt.Fprintf(c.Progress, "rehearse: "+format+"\n", args...)
+	}
+}
+
+// runID names this run's compose projects and image tags, so rehearsals and
+// tests on one Docker engine never touch each other's.
+func runID() string {
+	b := make([]byte, 3)
+	_, _ = rand.Read(b)
+	return "rh" + hex.EncodeToString(b)
+}
+
+// images tags the one built image with a new version per deploy: the deploy
+// hook sees a new tag each time, as in production, without rebuilding.
+type images struct {
+	mu   sync.Mutex
+	base string
+	tags []string
+}
+
+func (im *images) tag(ctx context.Context, version string) error {
+	for _, role := range hooks.Roles {
+		src := hooks.ImageName(hooks.DefaultImagePrefix, role, im.base)
+		dst := hooks.ImageName(hooks.DefaultImagePrefix, role, version)
+		if out, err := exec.CommandContext(ctx, "docker", "tag", src, dst).CombinedOutput(); err != nil {
+			return fmt.Errorf("docker tag %s %s: %w: %s", src, dst, err, bytes.TrimSpace(out))
+		}
+	}
+	im.mu.Lock()
+	im.tags = append(im.tags, version)
+	im.mu.Unlock()
+	return nil
+}
+
+func (im *images) remove() {
+	im.mu.Lock()
+	defer im.mu.Unlock()
+	for _, t := range im.tags {
+		_ = hooks.RemoveImages(context.Background(), t)
+	}
+}
+
+// server is one simulated server: a compose project and the balancers'
+// view of its api.
+type server struct {
+	name string
+	hooks.Server
+	addr string
+	log  *os.File
+
+	watchdogRuns, watchdogRestarts atomic.Int64
+}
+
+// hook runs a script for the server, its output going to the server's log;
+// the error carries the output's tail.
+func (s *server) hook(ctx context.Context, script string, args ...string) error {
+	var out bytes.Buffer
+	cmd := s.Command(ctx, script, args...)
+	cmd.Stdout = io.MultiWriter(s.log, &out)
+	cmd.Stderr = cmd.Stdout
+	if err := cmd.Run(); err != nil {
+		return fmt.Errorf("%s %s on %s: %w\n%s", script, strings.Join(args, " "), s.name, err, tail(out.Bytes(), 3000))
+	}
+	return nil
+}
+
+// watchdogLineRestart is how the watchdog announces a restart.
+const watchdogLineRestart = ": restarting after "
+
+// watch runs the real watchdog on the server every interval until ctx ends,
+// counting its runs and the restarts it announces.
+func (s *server) watch(ctx context.Context, interval time.Duration) {
+	ticker := time.NewTicker(interval)
+	defer ticker.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-ticker.C:
+		}
+		var out bytes.Buffer
+		cmd := s.Command(ctx, "watchdog")
+		cmd.Stdout = io.MultiWriter(s.log, &out)
+		cmd.Stderr = cmd.Stdout
+		err := cmd.Run()
+		if ctx.Err() != nil {
+			return
+		}
+		s.watchdogRuns.Add(1)
+		s.watchdogRestarts.Add(int64(strings.Count(out.String(), watchdogLineRestart)))
+		if err != nil {
+			fmt.Fprintf(s.log, "rehearse: watchdog exited with %v\n", err)
+		}
+	}
+}
+
+// runProfile brings up K servers with p's timing behind two balancer nodes,
+// then deploys D new versions across them under load.
+func (c Config) runProfile(ctx context.Context, p Profile, id, dir string, img *images) (ProfileReport, error) {
+	t := p.Timing
+	pr := ProfileReport{Profile: p.Name, Timing: summarize(t)}
+	for _, v := range p.Violations {
+		pr.Violations = append(pr.Violations, v.Error())
+	}
+	release := filepath.Join(dir, "release")
+	if err := os.MkdirAll(release, 0o755); err != nil {
+		return pr, fmt.Errorf("release dir: %w", err)
+	}
+	if err := writeRelease(release, t, infra.Prod().Scaled(c.Scale)); err != nil {
+		return pr, err
+	}
+
+	servers, err := c.newServers(p, id, dir, release)
+	if err != nil {
+		return pr, err
+	}
+	defer func() {
+		for _, s := range servers {
+			if err := s.Remove(context.Background()); err != nil {
+				c.logf("%s: cleanup: %v", s.name, err)
+			}
+			_ = s.log.Close()
+		}
+	}()
+
+	v0 := fmt.Sprintf("%s-%s-0", id, p.Name)
+	if err := img.tag(ctx, v0); err != nil {
+		return pr, err
+	}
+	c.logf("%s: starting %d servers at %s", p.Name, len(servers), v0)
+	if err := forEach(servers, func(s *server) error { return s.hook(ctx, "deploy", v0) }); err != nil {
+		return pr, fmt.Errorf("first deploy: %w", err)
+	}
+
+	var upstreams []string
+	for _, s := range servers {
+		upstreams = append(upstreams, s.addr)
+	}
+	var lbs []*Balancer
+	defer func() {
+		for _, b := range lbs {
+			b.Stop()
+		}
+	}()
+	// Two nodes, each with its own checks, as every ALB node checks every
+	// target on its own.
+	for _, name := range []string{"lb1", "lb2"} {
+		b, err := StartBalancer(ctx, c.Caddy, name, filepath.Join(dir, name), t, upstreams)
+		if err != nil {
+			return pr, err
+		}
+		lbs = append(lbs, b)
+	}
+	for _, s := range servers {
+		if err := awaitInService(ctx, lbs, s.addr, t.StartTimeout); err != nil {
+			return pr, fmt.Errorf("%s never in service: %w", s.name, err)
+		}
+	}
+
+	wctx, stopWatch := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	defer func() {
+		stopWatch()
+		wg.Wait()
+	}()
+	for _, s := range servers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			s.watch(wctx, t.WatchdogInterval)
+		}()
+	}
+
+	var targets []string
+	for _, b := range lbs {
+		targets = append(targets, b.URL())
+	}
+	// Bounded by the longest the whole run may take: every server deploy at
+	// its maximum.
+	bound := time.Duration(c.Deploys*len(servers)) * (t.ServerDeployMax() + t.StartTimeout)
+	load, err := StartLoad(ctx, LoadConfig{
+		Targets: targets,
+		Path:    c.Path,
+		Rate:    c.Rate,
+		// Longer than the balancer's own bound (it answers 504 after
+		// LBIdleTimeout), so the balancer always answers first.
+		RequestTimeout: 2 * t.LBIdleTimeout,
+		MaxRequests:    int64(bound.Seconds()*float64(c.Rate)) + 1,
+		MaxDuration:    bound,
+	})
+	if err != nil {
+		return pr, err
+	}
+	defer func() {
+		load.Stop()
+		pr.Errors = load.Errors()
+	}()
+
+	var runErr error
+	for d := 1; d <= c.Deploys && runErr == nil; d++ {
+		var dr DeployReport
+		dr, runErr = c.deploy(ctx, p, id, d, servers, lbs, load, img)
+		pr.Deploys = append(pr.Deploys, dr)
+		c.logf("%s: deploy %d/%d: %d requests, %d 2xx, %d 502, %d 503, %d 504, %d client errors; %.2fs per server (%.2f× the minimum); watchdog %d runs, %d restarts",
+			p.Name, d, c.Deploys, dr.Requests, dr.OK, dr.BadGateway, dr.Unavailable, dr.Timeout, dr.ClientErrors,
+			dr.MeanServerSeconds(), dr.Ratio(), dr.WatchdogRuns, dr.WatchdogRestarts)
+	}
+	pr.Total = total(pr.Deploys)
+	return pr, runErr
+}
+
+func (c Config) newServers(p Profile, id, dir, release string) ([]*server, error) {
+	var servers []*server
+	for i := 1; i <= c.Servers; i++ {
+		name := fmt.Sprintf("s%d", i)
+		port, err := FreePort()
+		if err != nil {
+			return nil, err
+		}
+		root := filepath.Join(dir, name)
+		if err := os.MkdirAll(root, 0o755); err != nil {
+			return nil, fmt.Errorf("server dir: %w", err)
+		}
+		log, err := os.Create(filepath.Join(dir, name+".log"))
+		if err != nil {
+			return nil, fmt.Errorf("server log: %w", err)
+		}
+		servers = append(servers, &server{
+			name: name,
+			Server: hooks.Server{
+				HooksDir:   filepath.Join(c.RepoRoot, "hooks"),
+				Root:       root,
+				Project:    fmt.Sprintf("%s-%s-%s", id, p.Name, name),
+				ReleaseDir: release,
+				AppPort:    port,
+				Bind:       "127.0.0.1",
+			},
+			addr: "127.0.0.1:" + strconv.Itoa(port),
+			log:  log,
+		})
+	}
+	return servers, nil
+}
+
+// deploy rolls version d across every server, one at a time: the deploy
+// hook, then a wait until every balancer node has the server back.
+func (c Config) deploy(ctx context.Context, p Profile, id string, d int, servers []*server, lbs []*Balancer, load *Load, img *images) (DeployReport, error) {
+	t := p.Timing
+	version := fmt.Sprintf("%s-%s-%d", id, p.Name, d)
+	dr := DeployReport{Deploy: d, Version: version, ServerDeployMin: t.ServerDeployMin().Seconds()}
+	if err := img.tag(ctx, version); err != nil {
+		return dr, err
+	}
+	startCounts := load.Counts()
+	runs0, restarts0 := watchdogTotals(servers)
+	outs0 := outs(lbs)
+	var err error
+	for _, s := range servers {
+		start := time.Now()
+		if err = s.hook(ctx, "deploy", version); err != nil {
+			dr.Problems = append(dr.Problems, err.Error())
+			break
+		}
+		if err = awaitInService(ctx, lbs, s.addr, t.StartTimeout); err != nil {
+			err = fmt.Errorf("%s deployed but not back in service: %w", s.name, err)
+			dr.Problems = append(dr.Problems, err.Error())
+			break
+		}
+		dr.ServerSeconds = append(dr.ServerSeconds, time.Since(start).Seconds())
+	}
+	if err == nil {
+		for _, s := range servers {
+			for _, pr := range verify(ctx, s, version, t.HealthCheckTimeout) {
+				dr.Problems = append(dr.Problems, s.name+": "+pr)
+			}
+		}
+		dr.Verified = len(dr.Problems) == 0
+	}
+	dr.Counts = load.Counts().Sub(startCounts)
+	runs1, restarts1 := watchdogTotals(servers)
+	dr.WatchdogRuns, dr.WatchdogRestarts = int(runs1-runs0), int(restarts1-restarts0)
+	dr.TakenOut = outs(lbs) - outs0
+	return dr, err
+}
+
+func watchdogTotals(servers []*server) (runs, restarts int64) {
+	for _, s := range servers {
+		runs += s.watchdogRuns.Load()
+		restarts += s.watchdogRestarts.Load()
+	}
+	return runs, restarts
+}
+
+// outs counts every time any node took any upstream out of rotation.
+func outs(lbs []*Balancer) int {
+	n := 0
+	for _, b := range lbs {
+		for _, h := range b.Health.All() {
+			n += h.Outs
+		}
+	}
+	return n
+}
+
+// awaitInService waits until every node routes to addr: its own health
+// checks have passed HealthyThreshold times since it last took addr out.
+// This is the rehearsal's wait-in-service, as `aws elbv2 wait
+// target-in-service` is production's.
+func awaitInService(ctx context.Context, lbs []*Balancer, addr string, timeout time.Duration) error {
+	for _, b := range lbs {
+		h, err := b.Health.Await(ctx, addr, timeout, func(h HostHealth) bool { return h.Healthy })
+		if err != nil {
+			return fmt.Errorf("balancer %s: %w (last verdict %+v)", b.Name, err, h)
+		}
+	}
+	return nil
+}
+
+// forEach runs f on every server at once and joins the errors.
+func forEach(servers []*server, f func(*server) error) error {
+	errs := make([]error, len(servers))
+	var wg sync.WaitGroup
+	for i, s := range servers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs[i] = f(s)
+		}()
+	}
+	wg.Wait()
+	return errors.Join(errs...)
+}
+
+// verify checks, independently of the deploy hook's own verification, that
+// every role runs exactly one healthy container of the new version on the
+// server, and answers /about with its role and version.
+func verify(ctx context.Context, s *server, version string, timeout time.Duration) []string {
+	var problems []string
+	out, err := exec.CommandContext(ctx, "docker", "ps", "-q", "--filter", "label=com.docker.compose.project="+s.Project).Output()
+	if err != nil {
+		return []string{fmt.Sprintf("docker ps: %v", err)}
+	}
+	byRole := map[string][]containerInfo{}
+	for _, id := range strings.Fields(string(out)) {
+		ci, err := inspect(ctx, id)
+		if err != nil {
+			problems = append(problems, err.Error())
+			continue
+		}
+		byRole[ci.Role] = append(byRole[ci.Role], ci)
+	}
+	for _, role := range hooks.Roles {
+		cs := byRole[role]
+		if len(cs) != 1 {
+			problems = append(problems, fmt.Sprintf("%s: %d running containers, want 1", role, len(cs)))
+			continue
+		}
+		ci := cs[0]
+		if want := hooks.ImageName(hooks.DefaultImagePrefix, role, version); ci.Image != want {
+			problems = append(problems, fmt.Sprintf("%s: runs image %s, want %s", role, ci.Image, want))
+		}
+		if ci.Health != "healthy" {
+			problems = append(problems, fmt.Sprintf("%s: container health %q", role, ci.Health))
+		}
+		if ci.HostPort == "" {
+			problems = append(problems, fmt.Sprintf("%s: not published on loopback", role))
+			continue
+		}
+		if pr := checkAbout(ctx, "127.0.0.1:"+ci.HostPort, role, version, timeout); pr != "" {
+			problems = append(problems, role+": "+pr)
+		}
+	}
+	return problems
+}
+
+type containerInfo struct {
+	Role, Image, Health, HostPort string
+}
+
+func inspect(ctx context.Context, id string) (containerInfo, error) {
+	const format = `{{index .Config.Labels "com.docker.compose.service"}}|{{.Config.Image}}|{{if .State.Health}}{{.State.Health.Status}}{{end}}|{{range $p, $b := .NetworkSettings.Ports}}{{range $b}}{{if eq .HostIp "127.0.0.1"}}{{.HostPort}}{{end}}{{end}}{{end}}`
+	out, err := exec.CommandContext(ctx, "docker", "inspect", "--format", format, id).Output()
+	if err != nil {
+		return containerInfo{}, fmt.Errorf("docker inspect %s: %w", id, err)
+	}
+	f := strings.Split(strings.TrimSpace(string(out)), "|")
+	if len(f) != 4 {
+		return containerInfo{}, fmt.Errorf("docker inspect %s: unexpected %q", id, out)
+	}
+	return containerInfo{Role: f[0], Image: f[1], Health: f[2], HostPort: f[3]}, nil
+}
+
+// checkAbout asks a service directly (not through a balancer) who it is,
+// allowing it as long as a health check.
+func checkAbout(ctx context.Context, addr, role, version string, timeout time.Duration) string {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+"/about", nil)
+	if err != nil {
+		return err.Error()
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return fmt.Sprintf("/about: %v", err)
+	}
+	defer func() { _ = resp.Body.Close() }()
+	var about struct{ Role, Version string }
+	if err := json.NewDecoder(resp.Body).Decode(&about); err != nil {
+		return fmt.Sprintf("/about answered %d, not JSON: %v", resp.StatusCode, err)
+	}
+	if about.Role != role || about.Version != version {
+		return fmt.Sprintf("/about says role %q version %q, want %q %q", about.Role, about.Version, role, version)
+	}
+	return ""
+}
+
+func summarize(t infra.Timing) TimingSummary {
+	return TimingSummary{
+		Drain:              seconds(t.Drain),
+		CheckInterval:      seconds(t.HealthCheckInterval),
+		CheckTimeout:       seconds(t.HealthCheckTimeout),
+		UnhealthyThreshold: t.UnhealthyThreshold,
+		HealthyThreshold:   t.HealthyThreshold,
+		WorstCaseDetection: seconds(t.WorstCaseDetection()),
+		Reentry:            seconds(t.Reentry()),
+		StopGracePeriod:    seconds(t.StopGracePeriod),
+		WatchdogInterval:   seconds(t.WatchdogInterval),
+		ServerDeployMin:    seconds(t.ServerDeployMin()),
+	}
+}

@@ -1,0 +1,253 @@
+package rehearsal
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"slices"
+	"strings"
+	"text/tabwriter"
+	"time"
+)
+
+// CountingNote says what the columns count, in the article's terms.
+const CountingNote = "502 and 504 are requests that reached nothing: the balancer sent them to a server that was not listening, or got no answer. " +
+	"503 is the balancer having no healthy server at all. " +
+	"A draining server's own 503s on the health endpoint are not counted and never seen here: the load asks only real routes through the balancers, never the health endpoint."
+
+// Report is a whole rehearsal.
+type Report struct {
+	Servers  int             `json:"servers"`
+	Deploys  int             `json:"deploys"`
+	Rate     int             `json:"rate_per_second"`
+	Scale    float64         `json:"scale"`
+	Path     string          `json:"path"`
+	Note     string          `json:"note"`
+	Profiles []ProfileReport `json:"profiles"`
+}
+
+// ProfileReport is every deploy of one profile.
+type ProfileReport struct {
+	Profile string `json:"profile"`
+	// Timing is the scaled timing that ran, durations in seconds.
+	Timing TimingSummary `json:"timing"`
+	// Violations are the rules the unscaled timing breaks.
+	Violations []string       `json:"violations,omitempty"`
+	Deploys    []DeployReport `json:"deploys"`
+	Total      DeployReport   `json:"total"`
+	// Errors are the distinct client errors and unexpected statuses seen.
+	Errors map[string]int64 `json:"errors,omitempty"`
+}
+
+// TimingSummary is the part of a timing a reader needs to judge a run.
+type TimingSummary struct {
+	Drain              float64 `json:"drain_s"`
+	CheckInterval      float64 `json:"check_interval_s"`
+	CheckTimeout       float64 `json:"check_timeout_s"`
+	UnhealthyThreshold int     `json:"unhealthy_threshold"`
+	HealthyThreshold   int     `json:"healthy_threshold"`
+	WorstCaseDetection float64 `json:"worst_case_detection_s"`
+	Reentry            float64 `json:"reentry_s"`
+	StopGracePeriod    float64 `json:"stop_grace_period_s"`
+	WatchdogInterval   float64 `json:"watchdog_interval_s"`
+	ServerDeployMin    float64 `json:"server_deploy_min_s"`
+}
+
+// DeployReport is one rolling deploy across every server, or the total of a
+// profile's deploys.
+type DeployReport struct {
+	// Deploy is the deploy's number, from 1; 0 in a total.
+	Deploy  int    `json:"deploy,omitempty"`
+	Version string `json:"version,omitempty"`
+	Counts
+	// ServerSeconds are the seconds each server's deploy took, from the
+	// deploy hook's start until every balancer node had it back in service.
+	ServerSeconds []float64 `json:"server_seconds"`
+	// ServerDeployMin is Timing.ServerDeployMin in seconds: drain + re-entry.
+	ServerDeployMin float64 `json:"server_deploy_min_s"`
+	// TakenOut counts, over servers and balancer nodes, the times a node took
+	// a deploying server out of rotation: with a working drain, every node,
+	// every server.
+	TakenOut int `json:"taken_out"`
+	// WatchdogRuns and WatchdogRestarts are the watchdog's runs on every
+	// server during the deploy and the services it restarted.
+	WatchdogRuns     int `json:"watchdog_runs"`
+	WatchdogRestarts int `json:"watchdog_restarts"`
+	// Verified is whether every service on every server answered with its
+	// role and the new version after the deploy; Problems says what did not.
+	Verified bool     `json:"verified"`
+	Problems []string `json:"problems,omitempty"`
+}
+
+// MeanServerSeconds is the mean of ServerSeconds, 0 when empty.
+func (d DeployReport) MeanServerSeconds() float64 {
+	if len(d.ServerSeconds) == 0 {
+		return 0
+	}
+	var sum float64
+	for _, s := range d.ServerSeconds {
+		sum += s
+	}
+	return sum / float64(len(d.ServerSeconds))
+}
+
+// Ratio is the mean per-server deploy time over the theoretical minimum.
+func (d DeployReport) Ratio() float64 {
+	if d.ServerDeployMin == 0 {
+		return 0
+	}
+	return d.MeanServerSeconds() / d.ServerDeployMin
+}
+
+// MarshalJSON adds the derived mean and ratio, so JSON readers need not
+// recompute them.
+func (d DeployReport) MarshalJSON() ([]byte, error) {
+	type plain DeployReport
+	return json.Marshal(struct {
+		plain
+		Mean  float64 `json:"server_seconds_mean"`
+		Ratio float64 `json:"ratio_to_min"`
+	}{plain(d), round3(d.MeanServerSeconds()), round3(d.Ratio())})
+}
+
+func round3(f float64) float64 {
+	return float64(int64(f*1000+0.5)) / 1000
+}
+
+// total sums deploys into one row.
+func total(deploys []DeployReport) DeployReport {
+	t := DeployReport{Verified: len(deploys) > 0}
+	for _, d := range deploys {
+		t.Counts = t.Counts.Add(d.Counts)
+		t.ServerSeconds = append(t.ServerSeconds, d.ServerSeconds...)
+		t.ServerDeployMin = d.ServerDeployMin
+		t.TakenOut += d.TakenOut
+		t.WatchdogRuns += d.WatchdogRuns
+		t.WatchdogRestarts += d.WatchdogRestarts
+		t.Verified = t.Verified && d.Verified
+	}
+	return t
+}
+
+func seconds(d time.Duration) float64 { return d.Seconds() }
+
+// WriteJSON writes r as indented JSON.
+func (r Report) WriteJSON(w io.Writer) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	if err := enc.Encode(r); err != nil {
+		return fmt.Errorf("write report: %w", err)
+	}
+	return nil
+}
+
+// WriteTable writes r as a table per profile, a row per deploy and a total.
+func (r Report) WriteTable(w io.Writer) error {
+	var b strings.Builder
+	fmt.Fprintf(&b, "Rehearsal: %d servers, %d deploys per profile, %d requests/s of GET %s through 2 balancer nodes, every duration × %g.\n",
+		r.Servers, r.Deploys, r.Rate, r.Path, r.Scale)
+	fmt.Fprintf(&b, "%s\n", wrap(r.Note, 100))
+	for _, p := range r.Profiles {
+		tm := p.Timing
+		fmt.Fprintf(&b, "\nprofile %s: drain %gs; checks every %gs (timeout %gs), out after %d failures (worst case %gs), in after %d passes (%gs); minimum per server %gs\n",
+			p.Profile, tm.Drain, tm.CheckInterval, tm.CheckTimeout, tm.UnhealthyThreshold, tm.WorstCaseDetection,
+			tm.HealthyThreshold, tm.Reentry, tm.ServerDeployMin)
+		for _, v := range p.Violations {
+			fmt.Fprintf(&b, "  breaks %s\n", v)
+		}
+		tw := tabwriter.NewWriter(&b, 0, 0, 2, ' ', tabwriter.AlignRight)
+		fmt.Fprintln(tw, "deploy\trequests\t2xx\t502\t503\t504\tother\tclient errors\ts/server\t× min\ttaken out\twatchdog runs\twatchdog restarts\tverified\t")
+		row := func(label string, d DeployReport) {
+			fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%.2f\t%.2f\t%d\t%d\t%d\t%s\t\n",
+				label, d.Requests, d.OK, d.BadGateway, d.Unavailable, d.Timeout, d.OtherStatus, d.ClientErrors,
+				d.MeanServerSeconds(), d.Ratio(), d.TakenOut, d.WatchdogRuns, d.WatchdogRestarts, yesNo(d.Verified))
+		}
+		for _, d := range p.Deploys {
+			row(fmt.Sprint(d.Deploy), d)
+		}
+		row("total", p.Total)
+		if err := tw.Flush(); err != nil {
+			return fmt.Errorf("write report: %w", err)
+		}
+		if p.Total.Skipped > 0 {
+			fmt.Fprintf(&b, "  the load generator fell %d requests short of the rate (every connection busy)\n", p.Total.Skipped)
+		}
+		for _, d := range p.Deploys {
+			for _, pr := range d.Problems {
+				fmt.Fprintf(&b, "  deploy %d: %s\n", d.Deploy, pr)
+			}
+		}
+		keys := make([]string, 0, len(p.Errors))
+		for k := range p.Errors {
+			keys = append(keys, k)
+		}
+		slices.Sort(keys)
+		for _, k := range keys {
+			fmt.Fprintf(&b, "  %d× %s\n", p.Errors[k], k)
+		}
+	}
+	if _, err := io.WriteString(w, b.String()); err != nil {
+		return fmt.Errorf("write report: %w", err)
+	}
+	return nil
+}
+
+func yesNo(b bool) string {
+	if b {
+		return "yes"
+	}
+	return "NO"
+}
+
+// wrap breaks s into lines of at most width characters, on spaces.
+func wrap(s string, width int) string {
+	var lines []string
+	line := ""
+	for _, word := range strings.Fields(s) {
+		if line != "" && len(line)+1+len(word) > width {
+			lines = append(lines, line)
+			line = ""
+		}
+		if line != "" {
+			line += " "
+		}
+		line += word
+	}
+	if line != "" {
+		lines = append(lines, line)
+	}
+	return strings.Join(lines, "\n")
+}
+
+// Check reports every way r falls short of what the rehearsal proves: prod
+// has no 502 or 504 in any deploy, every service verified on every server
+// after each deploy, and no watchdog restart; before reproduces the bug with
+// at least one 502. A profile whose deploys did not all run fails too.
+func (r Report) Check() error {
+	var errs []error
+	for _, p := range r.Profiles {
+		if len(p.Deploys) != r.Deploys {
+			errs = append(errs, fmt.Errorf("%s: %d of %d deploys ran", p.Profile, len(p.Deploys), r.Deploys))
+		}
+		switch p.Profile {
+		case ProfileProd:
+			for _, d := range p.Deploys {
+				if d.BadGateway != 0 || d.Timeout != 0 {
+					errs = append(errs, fmt.Errorf("prod deploy %d: %d 502 and %d 504: requests reached nothing", d.Deploy, d.BadGateway, d.Timeout))
+				}
+				if !d.Verified {
+					errs = append(errs, fmt.Errorf("prod deploy %d: not every service verified on every server: %s", d.Deploy, strings.Join(d.Problems, "; ")))
+				}
+				if d.WatchdogRestarts != 0 {
+					errs = append(errs, fmt.Errorf("prod deploy %d: the watchdog restarted %d service(s) during the deploy", d.Deploy, d.WatchdogRestarts))
+				}
+			}
+		case ProfileBefore:
+			if p.Total.BadGateway == 0 {
+				errs = append(errs, fmt.Errorf("before: no 502 in %d deploys: the old setup's bug was not reproduced, so the rehearsal cannot tell a fix from luck", len(p.Deploys)))
+			}
+		}
+	}
+	return errors.Join(errs...)
+}
