@@ -1,0 +1,208 @@
+package hooks
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/mythex/infra/infra"
+)
+
+// The images every Docker test uses are built once per test binary and
+// removed when it ends.
+var (
+	imagesOnce  sync.Once
+	imagesErr   error
+	imagesBuilt bool
+	testTag     = "hookstest-" + randomHex(4)
+	tagsMu      sync.Mutex
+	extraTags   []string // every image name the tests added, removed at the end
+)
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	ctx := context.Background()
+	if imagesBuilt {
+		if err := RemoveImages(ctx, testTag); err != nil {
+			fmt.Fprintln(os.Stderr, "cleanup:", err)
+		}
+	}
+	if len(extraTags) > 0 {
+		args := append([]string{"rmi", "--force"}, extraTags...)
+		if out, err := exec.CommandContext(ctx, "docker", args...).CombinedOutput(); err != nil {
+			fmt.Fprintf(os.Stderr, "cleanup: docker rmi: %v\n%s", err, out)
+		}
+	}
+	os.Exit(code)
+}
+
+func randomHex(n int) string {
+	b := make([]byte, n)
+	if _, err := rand.Read(b); err != nil {
+		panic(err)
+	}
+	return hex.EncodeToString(b)
+}
+
+func repoRoot(t *testing.T) string {
+	t.Helper()
+	root, err := filepath.Abs("..")
+	require.NoError(t, err)
+	return root
+}
+
+// requireDocker fails (never skips) when no engine runs: these tests are the
+// proof that the scripts work against a real one.
+func requireDocker(t *testing.T) {
+	t.Helper()
+	out, err := exec.Command("docker", "info", "--format", "{{.ServerVersion}}").CombinedOutput()
+	require.NoError(t, err, "these tests need a running Docker engine; docker info said:\n%s", out)
+}
+
+// Faulty images for the deploy's failure tests, built from the same static
+// binary: "unhealthy" serves but its health check cannot run (/service is
+// missing), "broken" cannot start at all.
+const (
+	unhealthyDockerfile = "FROM scratch\nCOPY service /svc\nENTRYPOINT [\"/svc\"]\n"
+	brokenDockerfile    = "FROM scratch\nCOPY service /svc\nENTRYPOINT [\"/service\"]\n"
+)
+
+func unhealthyImage() string { return "mythex/hookstest-unhealthy:" + testTag }
+func brokenImage() string    { return "mythex/hookstest-broken:" + testTag }
+
+// images builds the reference service images once and returns their tag.
+func images(t *testing.T) string {
+	t.Helper()
+	requireDocker(t)
+	imagesOnce.Do(func() {
+		ctx := context.Background()
+		root, err := filepath.Abs("..")
+		if err != nil {
+			imagesErr = err
+			return
+		}
+		if imagesErr = BuildImages(ctx, root, testTag); imagesErr != nil {
+			return
+		}
+		imagesBuilt = true
+		dir, err := os.MkdirTemp("", "hookstest-faulty-")
+		if err != nil {
+			imagesErr = err
+			return
+		}
+		defer os.RemoveAll(dir)
+		if imagesErr = buildService(ctx, root, filepath.Join(dir, "service")); imagesErr != nil {
+			return
+		}
+		for image, dockerfile := range map[string]string{unhealthyImage(): unhealthyDockerfile, brokenImage(): brokenDockerfile} {
+			if imagesErr = os.WriteFile(filepath.Join(dir, "Dockerfile"), []byte(dockerfile), 0o644); imagesErr != nil {
+				return
+			}
+			if imagesErr = dockerBuild(ctx, dir, image); imagesErr != nil {
+				return
+			}
+			tagsMu.Lock()
+			extraTags = append(extraTags, image)
+			tagsMu.Unlock()
+		}
+	})
+	require.NoError(t, imagesErr, "build the test images")
+	return testTag
+}
+
+// tagImage gives src another name, removed when the test binary ends.
+func tagImage(t *testing.T, src, dst string) {
+	t.Helper()
+	out, err := exec.Command("docker", "tag", src, dst).CombinedOutput()
+	require.NoError(t, err, "docker tag %s %s: %s", src, dst, out)
+	tagsMu.Lock()
+	extraTags = append(extraTags, dst)
+	tagsMu.Unlock()
+}
+
+// freePort asks the kernel for a loopback port nobody listens on.
+func freePort(t *testing.T) int {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}
+
+// newServer sets up one simulated server whose release is rendered from
+// timing, and removes its containers when the test ends.
+func newServer(t *testing.T, timing infra.Timing) Server {
+	t.Helper()
+	dir := t.TempDir()
+	release := filepath.Join(dir, "release")
+	require.NoError(t, os.Mkdir(release, 0o755))
+	require.NoError(t, WriteRelease(release, timing))
+	hooksDir, err := filepath.Abs(".")
+	require.NoError(t, err)
+	s := Server{
+		HooksDir:   hooksDir,
+		Root:       filepath.Join(dir, "root"),
+		Project:    "hookstest" + randomHex(4),
+		ReleaseDir: release,
+		AppPort:    freePort(t),
+		Bind:       "127.0.0.1",
+	}
+	t.Cleanup(func() {
+		if _, err := exec.LookPath("docker"); err != nil {
+			return
+		}
+		if err := s.Remove(context.Background()); err != nil {
+			t.Errorf("clean up %s: %v", s.Project, err)
+		}
+	})
+	return s
+}
+
+// result is one finished run of a script.
+type result struct {
+	code           int
+	stdout, stderr string
+}
+
+func (r result) String() string {
+	return fmt.Sprintf("exit %d\n--- stdout\n%s--- stderr\n%s", r.code, r.stdout, r.stderr)
+}
+
+// run runs a script for s and returns how it ended; extra is added to its
+// environment.
+func run(t *testing.T, s Server, extra []string, script string, args ...string) result {
+	t.Helper()
+	cmd := s.Command(context.Background(), script, args...)
+	cmd.Env = append(cmd.Env, extra...)
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	err := cmd.Run()
+	var exit *exec.ExitError
+	if err != nil && !errors.As(err, &exit) {
+		require.NoError(t, err, "run %s", script)
+	}
+	return result{code: cmd.ProcessState.ExitCode(), stdout: stdout.String(), stderr: stderr.String()}
+}
+
+// lines returns the non-empty lines of s.
+func lines(s string) []string {
+	var out []string
+	for _, l := range strings.Split(s, "\n") {
+		if strings.TrimSpace(l) != "" {
+			out = append(out, l)
+		}
+	}
+	return out
+}

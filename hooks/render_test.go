@@ -1,0 +1,323 @@
+package hooks
+
+import (
+	"bytes"
+	"io/fs"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"go.yaml.in/yaml/v3"
+
+	"github.com/mythex/infra/infra"
+)
+
+func TestGeneratedFilesAreFresh(t *testing.T) {
+	files, err := Generated(infra.Prod())
+	require.NoError(t, err)
+	require.Len(t, files, 4)
+	for name, want := range files {
+		got, err := os.ReadFile(name)
+		require.NoError(t, err, "read %s (run go generate ./hooks)", name)
+		assert.Equal(t, string(want), string(got), "%s is stale: run go generate ./hooks", name)
+	}
+}
+
+// composeFiles finds every compose definition under root outside testdata.
+func composeFiles(root string) ([]string, error) {
+	pattern := regexp.MustCompile(`^(docker-)?compose.*\.ya?ml$`)
+	var found []string
+	err := filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() && (d.Name() == ".git" || d.Name() == "testdata" || d.Name() == "node_modules") {
+			return filepath.SkipDir
+		}
+		if !d.IsDir() && pattern.MatchString(d.Name()) {
+			rel, err := filepath.Rel(root, path)
+			if err != nil {
+				return err
+			}
+			found = append(found, filepath.ToSlash(rel))
+		}
+		return nil
+	})
+	return found, err
+}
+
+func TestOneComposeDefinition(t *testing.T) {
+	found, err := composeFiles(repoRoot(t))
+	require.NoError(t, err)
+	assert.Equal(t, []string{"hooks/compose.yaml"}, found,
+		"the repository must hold exactly one compose definition, hooks/compose.yaml (rendered from the timing contract)")
+}
+
+func TestComposeFilesFindsASecondDefinition(t *testing.T) {
+	root := t.TempDir()
+	for _, p := range []string{"hooks/compose.yaml", "ops/docker-compose.prod.yml", "x/compose.override.yaml",
+		"testdata/compose.yaml", "hooks/compose.tmpl", "notes/composer.json"} {
+		require.NoError(t, os.MkdirAll(filepath.Join(root, filepath.Dir(p)), 0o755))
+		require.NoError(t, os.WriteFile(filepath.Join(root, p), nil, 0o644))
+	}
+	found, err := composeFiles(root)
+	require.NoError(t, err)
+	assert.ElementsMatch(t, []string{"hooks/compose.yaml", "ops/docker-compose.prod.yml", "x/compose.override.yaml"}, found)
+}
+
+type composeDoc struct {
+	Services map[string]struct {
+		Image           string   `yaml:"image"`
+		Restart         string   `yaml:"restart"`
+		StopSignal      string   `yaml:"stop_signal"`
+		StopGracePeriod string   `yaml:"stop_grace_period"`
+		Environment     []string `yaml:"environment"`
+		Ports           []string `yaml:"ports"`
+		Healthcheck     struct {
+			Test     []string `yaml:"test"`
+			Interval string   `yaml:"interval"`
+			Timeout  string   `yaml:"timeout"`
+			Retries  int      `yaml:"retries"`
+		} `yaml:"healthcheck"`
+	} `yaml:"services"`
+}
+
+// testTimings are the timings the renderers are checked against: production
+// and the scaled ones the tests and the rehearsal run.
+var testTimings = map[string]infra.Timing{
+	"prod":       infra.Prod(),
+	"scaled 0.2": infra.Prod().Scaled(0.2),
+	"scaled 0.1": infra.Prod().Scaled(0.1),
+}
+
+func mustDuration(t *testing.T, s string) time.Duration {
+	t.Helper()
+	d, err := time.ParseDuration(s)
+	require.NoError(t, err, "parse %q", s)
+	return d
+}
+
+func TestComposeFollowsTiming(t *testing.T) {
+	for name, timing := range testTimings {
+		t.Run(name, func(t *testing.T) {
+			out, err := RenderCompose(timing)
+			require.NoError(t, err)
+			var doc composeDoc
+			require.NoError(t, yaml.Unmarshal(out, &doc))
+			require.Len(t, doc.Services, len(Roles))
+			for _, role := range Roles {
+				svc, ok := doc.Services[role]
+				require.True(t, ok, "service %s", role)
+				assert.Equal(t, timing.StopGracePeriod, mustDuration(t, svc.StopGracePeriod), "%s stop_grace_period", role)
+				assert.Equal(t, "SIGTERM", svc.StopSignal, role)
+				assert.Equal(t, timing.ContainerHealthInterval, mustDuration(t, svc.Healthcheck.Interval), "%s healthcheck interval", role)
+				assert.Equal(t, timing.HealthCheckTimeout, mustDuration(t, svc.Healthcheck.Timeout), "%s healthcheck timeout", role)
+				assert.Equal(t, timing.UnhealthyThreshold, svc.Healthcheck.Retries, "%s healthcheck retries", role)
+				assert.Equal(t, []string{"CMD", "/service", "check"}, svc.Healthcheck.Test, role)
+				assert.Equal(t, "${MYTHEX_IMAGE_PREFIX:-mythex}/"+role+":${MYTHEX_VERSION:?set MYTHEX_VERSION to the release to run}", svc.Image, role)
+				for _, kv := range timing.DrainConfig().Environ() {
+					assert.Contains(t, svc.Environment, kv, "%s environment", role)
+				}
+				assert.Contains(t, svc.Environment, "MYTHEX_ROLE="+role)
+				require.Len(t, svc.Ports, 1, role)
+				if role == BalancerRole {
+					assert.Equal(t, "${MYTHEX_BIND:-0.0.0.0}:${MYTHEX_APP_PORT:?set MYTHEX_APP_PORT to the target group's port}:8080", svc.Ports[0])
+				} else {
+					assert.Equal(t, "127.0.0.1::8080", svc.Ports[0], "%s is published on loopback only", role)
+				}
+			}
+		})
+	}
+}
+
+// The real compose accepts the rendered file and resolves it as intended.
+func TestComposeConfigAcceptsDefinition(t *testing.T) {
+	compose, err := exec.LookPath("docker-compose")
+	args := []string{}
+	if err != nil {
+		compose, args = "docker", []string{"compose"}
+	}
+	dir := t.TempDir()
+	require.NoError(t, WriteRelease(dir, infra.Prod().Scaled(0.2)))
+	cmd := exec.Command(compose, append(args, "-p", "hookstestconfig", "-f", filepath.Join(dir, ComposeFile), "config")...)
+	cmd.Env = append(os.Environ(), "MYTHEX_VERSION=v7", "MYTHEX_APP_PORT=18080", "MYTHEX_IMAGE_PREFIX=registry.example/mythex")
+	out, err := cmd.CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	assert.Contains(t, string(out), "image: registry.example/mythex/publish-worker:v7")
+	assert.Regexp(t, `18080:8080`, string(out))
+
+	cmd = exec.Command(compose, append(args, "-p", "hookstestconfig", "-f", filepath.Join(dir, ComposeFile), "config")...)
+	cmd.Env = append(os.Environ(), "MYTHEX_APP_PORT=18080")
+	out, err = cmd.CombinedOutput()
+	require.Error(t, err, "compose must refuse to run without a version")
+	assert.Contains(t, string(out), "set MYTHEX_VERSION to the release to run")
+}
+
+func TestRenderRefusesUnusableTiming(t *testing.T) {
+	fractionalGrace := infra.Prod()
+	fractionalGrace.StopGracePeriod += 500 * time.Millisecond
+	tooShortGrace := infra.Prod()
+	tooShortGrace.StopGracePeriod = 20 * time.Second
+	subMillisecond := infra.Prod().Scaled(0.2)
+	subMillisecond.LockWait += time.Microsecond
+	tests := []struct {
+		name   string
+		timing infra.Timing
+		want   []string
+	}{
+		{"grace not whole seconds", fractionalGrace, []string{"StopGracePeriod 30.5s must be whole seconds"}},
+		{"drain does not fit the grace period", tooShortGrace, []string{"drain-fits-grace", "StopGracePeriod 20s"}},
+		{"finer than a millisecond", subMillisecond, []string{"LockWait 24.000001s must be whole milliseconds"}},
+	}
+	renderers := map[string]func(infra.Timing) ([]byte, error){
+		"compose": RenderCompose, "timing.env": RenderTimingEnv, "timer": RenderTimer,
+	}
+	for _, tt := range tests {
+		for rname, render := range renderers {
+			t.Run(tt.name+"/"+rname, func(t *testing.T) {
+				out, err := render(tt.timing)
+				require.Error(t, err)
+				assert.Nil(t, out)
+				for _, w := range tt.want {
+					assert.Contains(t, err.Error(), w)
+				}
+			})
+		}
+	}
+}
+
+// parseEnv reads timing.env the way the scripts do.
+func parseEnv(t *testing.T, data []byte) map[string]string {
+	t.Helper()
+	env := map[string]string{}
+	for _, l := range strings.Split(string(data), "\n") {
+		if l == "" || strings.HasPrefix(l, "#") {
+			continue
+		}
+		k, v, ok := strings.Cut(l, "=")
+		require.True(t, ok, "line %q", l)
+		env[k] = strings.Trim(v, `"`)
+	}
+	return env
+}
+
+func TestTimingEnvFollowsTiming(t *testing.T) {
+	for name, timing := range testTimings {
+		t.Run(name, func(t *testing.T) {
+			out, err := RenderTimingEnv(timing)
+			require.NoError(t, err)
+			env := parseEnv(t, out)
+			ms := func(key string) time.Duration {
+				n, err := strconv.ParseInt(env[key], 10, 64)
+				require.NoError(t, err, key)
+				return time.Duration(n) * time.Millisecond
+			}
+			assert.Equal(t, timing.LockWait, ms("MYTHEX_LOCK_WAIT_MS"))
+			assert.Equal(t, timing.StartTimeout, ms("MYTHEX_START_TIMEOUT_MS"))
+			assert.Equal(t, timing.StopGracePeriod, ms("MYTHEX_STOP_GRACE_PERIOD_MS"))
+			assert.Equal(t, timing.ContainerHealthInterval, ms("MYTHEX_CONTAINER_HEALTH_INTERVAL_MS"))
+			assert.Equal(t, timing.HealthCheckTimeout, ms("MYTHEX_HEALTH_CHECK_TIMEOUT_MS"))
+			assert.Equal(t, timing.WatchdogInterval, ms("MYTHEX_WATCHDOG_INTERVAL_MS"))
+			assert.Equal(t, strconv.Itoa(timing.WatchdogStrikes), env["MYTHEX_WATCHDOG_STRIKES"])
+			assert.Equal(t, infra.HealthPath, env["MYTHEX_HEALTH_PATH"])
+			assert.Equal(t, strconv.Itoa(infra.HealthyStatus), env["MYTHEX_HEALTHY_STATUS"])
+			assert.Equal(t, strings.Join(Roles, " "), env["MYTHEX_SERVICES"])
+			assert.ElementsMatch(t, []string{EnvVersion, EnvAppPort, EnvBind, EnvImagePrefix}, strings.Fields(env["MYTHEX_COMPOSE_VARS"]))
+		})
+	}
+}
+
+func TestTimerRunsEveryWatchdogInterval(t *testing.T) {
+	for name, timing := range testTimings {
+		t.Run(name, func(t *testing.T) {
+			out, err := RenderTimer(timing)
+			require.NoError(t, err)
+			keys := map[string]string{}
+			for _, l := range strings.Split(string(out), "\n") {
+				if k, v, ok := strings.Cut(l, "="); ok && !strings.HasPrefix(l, "#") {
+					keys[k] = v
+				}
+			}
+			assert.Equal(t, timing.WatchdogInterval, mustDuration(t, keys["OnUnitActiveSec"]))
+			assert.Equal(t, timing.WatchdogInterval, mustDuration(t, keys["OnActiveSec"]))
+			assert.Less(t, mustDuration(t, keys["AccuracySec"]), timing.WatchdogInterval)
+			assert.Equal(t, "mythex-watchdog.service", keys["Unit"])
+		})
+	}
+}
+
+// No script types a number of the contract: each one it needs comes from
+// timing.env. Every production duration, in seconds and in milliseconds, is
+// looked for in every script line that is not a comment. Numbers below 10 are
+// too common to tell apart (exit codes, regex bounds), and 1000 is the
+// scripts' milliseconds-per-second.
+func TestScriptsTypeNoContractNumber(t *testing.T) {
+	seen := map[string]bool{}
+	for _, f := range []time.Duration{infra.Prod().HealthCheckInterval, infra.Prod().HealthCheckTimeout,
+		infra.Prod().NodeSkew, infra.Prod().Drain, infra.Prod().ShutdownTimeout, infra.Prod().KillMargin,
+		infra.Prod().StopGracePeriod, infra.Prod().DeregistrationDelay, infra.Prod().LBIdleTimeout,
+		infra.Prod().AppKeepAlive, infra.Prod().ContainerHealthInterval, infra.Prod().StartTimeout,
+		infra.Prod().LockWait, infra.Prod().WatchdogInterval, infra.Prod().MaxPlannedDowntime} {
+		for _, n := range []int64{int64(f / time.Second), int64(f / time.Millisecond)} {
+			if n >= 10 && n != 1000 {
+				seen[strconv.FormatInt(n, 10)] = true
+			}
+		}
+	}
+	require.Contains(t, seen, "120", "the lock wait is among the numbers looked for")
+	// Lines whose number is not a duration, though it equals one.
+	notDurations := map[string]bool{
+		"readonly EXIT_LOCKED=75": true, // sysexits' EX_TEMPFAIL
+	}
+	for _, script := range scripts(t) {
+		for i, line := range strings.Split(string(mustRead(t, script)), "\n") {
+			if strings.HasPrefix(strings.TrimSpace(line), "#") || notDurations[strings.TrimSpace(line)] {
+				continue
+			}
+			for n := range seen {
+				// 10#… is bash's base-10 prefix, not a number.
+				re := regexp.MustCompile(`(^|[^0-9A-Za-z_.])` + n + `([^0-9A-Za-z_#]|$)`)
+				assert.False(t, re.MatchString(line), "%s:%d types %s, a number of the timing contract: %q", script, i+1, n, line)
+			}
+		}
+	}
+}
+
+func mustRead(t *testing.T, name string) []byte {
+	t.Helper()
+	b, err := os.ReadFile(name)
+	require.NoError(t, err)
+	return b
+}
+
+// scripts lists hooks/'s shell scripts: every file starting with a shebang.
+func scripts(t *testing.T) []string {
+	t.Helper()
+	entries, err := os.ReadDir(".")
+	require.NoError(t, err)
+	var out []string
+	for _, e := range entries {
+		if e.IsDir() {
+			continue
+		}
+		if bytes.HasPrefix(mustRead(t, e.Name()), []byte("#!")) {
+			out = append(out, e.Name())
+		}
+	}
+	require.Subset(t, out, []string{"deploy", "watchdog", "bootstrap", "rollout", "lib.sh"})
+	return out
+}
+
+func TestShellcheck(t *testing.T) {
+	path, err := exec.LookPath("shellcheck")
+	require.NoError(t, err, "shellcheck is needed (apt-get install shellcheck)")
+	out, err := exec.Command(path, scripts(t)...).CombinedOutput()
+	assert.NoError(t, err, "shellcheck:\n%s", out)
+}
