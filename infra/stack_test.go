@@ -29,7 +29,7 @@ func prodConfig(t *testing.T) map[string]string {
 }
 
 // with returns a copy of cfg with key set to value, or deleted when value is nil.
-func with(cfg map[string]string, key string, value *string) map[string]string {
+func withKey(cfg map[string]string, key string, value *string) map[string]string {
 	out := make(map[string]string, len(cfg))
 	for k, v := range cfg {
 		out[k] = v
@@ -42,9 +42,9 @@ func with(cfg map[string]string, key string, value *string) map[string]string {
 	return out
 }
 
-func ptr(s string) *string { return &s }
+func strp(s string) *string { return &s }
 
-func source(cfg map[string]string) ConfigSource {
+func mapSource(cfg map[string]string) ConfigSource {
 	return func(key string) (string, bool) {
 		v, ok := cfg[key]
 		return v, ok
@@ -84,7 +84,7 @@ func TestProjectDeclaresEveryStackInput(t *testing.T) {
 	assert.Equal(t, "go", proj.Runtime.Name())
 	require.NotNil(t, proj.Description)
 
-	_, err = ParseStackConfig(source(nil))
+	_, err = ParseStackConfig(mapSource(nil))
 	var sce *StackConfigError
 	require.ErrorAs(t, err, &sce)
 	var read []string
@@ -129,11 +129,11 @@ func TestParseStackConfig(t *testing.T) {
 		want []string
 	}{
 		{name: "valid", cfg: good},
-		{name: "lowest port", cfg: with(good, KeyAppPort, ptr("1"))},
-		{name: "highest port", cfg: with(good, KeyAppPort, ptr("65535"))},
-		{name: "shortest bucket", cfg: with(good, KeyAccessLogsBucket, ptr("a-b"))},
-		{name: "gov partition", cfg: with(with(good, KeyRegion, ptr("us-gov-west-1")), KeyCertificateARN,
-			ptr("arn:aws-us-gov:acm:us-gov-west-1:123456789012:certificate/12345678-90ab-cdef-1234-567890abcdef"))},
+		{name: "lowest port", cfg: withKey(good, KeyAppPort, strp("1"))},
+		{name: "highest port", cfg: withKey(good, KeyAppPort, strp("65535"))},
+		{name: "shortest bucket", cfg: withKey(good, KeyAccessLogsBucket, strp("a-b"))},
+		{name: "gov partition", cfg: withKey(withKey(good, KeyRegion, strp("us-gov-west-1")), KeyCertificateARN,
+			strp("arn:aws-us-gov:acm:us-gov-west-1:123456789012:certificate/12345678-90ab-cdef-1234-567890abcdef"))},
 		{
 			name: "everything missing",
 			cfg:  map[string]string{},
@@ -144,65 +144,65 @@ func TestParseStackConfig(t *testing.T) {
 				`^mythex-infra:instanceIds is not set$`,
 			},
 		},
-		{name: "blank counts as missing", cfg: with(good, KeyVPCID, ptr("  ")), want: []string{`^mythex-infra:vpcId is not set$`}},
-		{name: "region", cfg: with(good, KeyRegion, ptr("Europe")), want: []string{`^aws:region "Europe" is not an AWS region`}},
-		{name: "vpc prefix", cfg: with(good, KeyVPCID, ptr("subnet-0123abcd")), want: []string{`vpcId "subnet-0123abcd" is not a VPC ID`}},
-		{name: "vpc length", cfg: with(good, KeyVPCID, ptr("vpc-0123abcde")), want: []string{`vpcId "vpc-0123abcde" is not a VPC ID`}},
-		{name: "vpc uppercase", cfg: with(good, KeyVPCID, ptr("vpc-0123ABCD")), want: []string{`vpcId "vpc-0123ABCD" is not a VPC ID`}},
+		{name: "blank counts as missing", cfg: withKey(good, KeyVPCID, strp("  ")), want: []string{`^mythex-infra:vpcId is not set$`}},
+		{name: "region", cfg: withKey(good, KeyRegion, strp("Europe")), want: []string{`^aws:region "Europe" is not an AWS region`}},
+		{name: "vpc prefix", cfg: withKey(good, KeyVPCID, strp("subnet-0123abcd")), want: []string{`vpcId "subnet-0123abcd" is not a VPC ID`}},
+		{name: "vpc length", cfg: withKey(good, KeyVPCID, strp("vpc-0123abcde")), want: []string{`vpcId "vpc-0123abcde" is not a VPC ID`}},
+		{name: "vpc uppercase", cfg: withKey(good, KeyVPCID, strp("vpc-0123ABCD")), want: []string{`vpcId "vpc-0123ABCD" is not a VPC ID`}},
 		{
 			name: "one subnet",
-			cfg:  with(good, KeyPublicSubnetIDs, ptr(`["subnet-0123abcd"]`)),
+			cfg:  withKey(good, KeyPublicSubnetIDs, strp(`["subnet-0123abcd"]`)),
 			want: []string{`publicSubnetIds has 1 entries, needs at least 2: .*two availability zones`},
 		},
 		{
 			name: "same subnet twice",
-			cfg:  with(good, KeyPublicSubnetIDs, ptr(`["subnet-0123abcd","subnet-0123abcd"]`)),
+			cfg:  withKey(good, KeyPublicSubnetIDs, strp(`["subnet-0123abcd","subnet-0123abcd"]`)),
 			want: []string{`publicSubnetIds \[1\] "subnet-0123abcd" repeats \[0\]`},
 		},
 		{
 			name: "malformed subnet",
-			cfg:  with(good, KeyPublicSubnetIDs, ptr(`["subnet-0123abcd","sn-1"]`)),
+			cfg:  withKey(good, KeyPublicSubnetIDs, strp(`["subnet-0123abcd","sn-1"]`)),
 			want: []string{`publicSubnetIds \[1\] "sn-1" is not a subnet ID`},
 		},
 		{
 			name: "subnets not a list",
-			cfg:  with(good, KeyPublicSubnetIDs, ptr(`subnet-0123abcd,subnet-89abcdef`)),
+			cfg:  withKey(good, KeyPublicSubnetIDs, strp(`subnet-0123abcd,subnet-89abcdef`)),
 			want: []string{`publicSubnetIds "subnet-0123abcd,subnet-89abcdef" must be a list of strings`},
 		},
-		{name: "ip address type", cfg: with(good, KeyIPAddressType, ptr("ipv6")), want: []string{`ipAddressType "ipv6" must be one of ipv4, dualstack`}},
-		{name: "certificate not ACM", cfg: with(good, KeyCertificateARN, ptr("arn:aws:iam::123456789012:server-certificate/x")), want: []string{`certificateArn "arn:aws:iam::123456789012:server-certificate/x" is not an ACM certificate ARN`}},
+		{name: "ip address type", cfg: withKey(good, KeyIPAddressType, strp("ipv6")), want: []string{`ipAddressType "ipv6" must be one of ipv4, dualstack`}},
+		{name: "certificate not ACM", cfg: withKey(good, KeyCertificateARN, strp("arn:aws:iam::123456789012:server-certificate/x")), want: []string{`certificateArn "arn:aws:iam::123456789012:server-certificate/x" is not an ACM certificate ARN`}},
 		{
 			name: "certificate in another region",
-			cfg:  with(good, KeyCertificateARN, ptr("arn:aws:acm:us-east-1:123456789012:certificate/12345678-90ab-cdef-1234-567890abcdef")),
+			cfg:  withKey(good, KeyCertificateARN, strp("arn:aws:acm:us-east-1:123456789012:certificate/12345678-90ab-cdef-1234-567890abcdef")),
 			want: []string{`certificateArn .* is in region us-east-1, but the load balancer is in aws:region eu-west-1`},
 		},
-		{name: "bucket short", cfg: with(good, KeyAccessLogsBucket, ptr("ab")), want: []string{`accessLogsBucket "ab" must be 3–63 characters long`}},
-		{name: "bucket long", cfg: with(good, KeyAccessLogsBucket, ptr(strings.Repeat("a", 64))), want: []string{`accessLogsBucket "a{64}" must be 3–63 characters long`}},
-		{name: "bucket uppercase", cfg: with(good, KeyAccessLogsBucket, ptr("Mythex-logs")), want: []string{`accessLogsBucket "Mythex-logs" must be lowercase`}},
-		{name: "bucket ends with hyphen", cfg: with(good, KeyAccessLogsBucket, ptr("mythex-")), want: []string{`accessLogsBucket "mythex-" must be lowercase`}},
-		{name: "bucket double dot", cfg: with(good, KeyAccessLogsBucket, ptr("mythex..logs")), want: []string{`two adjacent dots`}},
-		{name: "bucket IP", cfg: with(good, KeyAccessLogsBucket, ptr("192.168.5.4")), want: []string{`must not be formatted as an IP address`}},
-		{name: "bucket reserved prefix", cfg: with(good, KeyAccessLogsBucket, ptr("xn--logs")), want: []string{`must not begin with "xn--"`}},
-		{name: "bucket reserved suffix", cfg: with(good, KeyAccessLogsBucket, ptr("logs-s3alias")), want: []string{`must not end with "-s3alias"`}},
-		{name: "port zero", cfg: with(good, KeyAppPort, ptr("0")), want: []string{`^mythex-infra:appPort 0 must be within 1–65535$`}},
-		{name: "port too high", cfg: with(good, KeyAppPort, ptr("65536")), want: []string{`^mythex-infra:appPort 65536 must be within 1–65535$`}},
-		{name: "port not a number", cfg: with(good, KeyAppPort, ptr("http")), want: []string{`^mythex-infra:appPort "http" must be an integer$`}},
-		{name: "no instances", cfg: with(good, KeyInstanceIDs, ptr(`[]`)), want: []string{`instanceIds has 0 entries, needs at least 1`}},
+		{name: "bucket short", cfg: withKey(good, KeyAccessLogsBucket, strp("ab")), want: []string{`accessLogsBucket "ab" must be 3–63 characters long`}},
+		{name: "bucket long", cfg: withKey(good, KeyAccessLogsBucket, strp(strings.Repeat("a", 64))), want: []string{`accessLogsBucket "a{64}" must be 3–63 characters long`}},
+		{name: "bucket uppercase", cfg: withKey(good, KeyAccessLogsBucket, strp("Mythex-logs")), want: []string{`accessLogsBucket "Mythex-logs" must be lowercase`}},
+		{name: "bucket ends with hyphen", cfg: withKey(good, KeyAccessLogsBucket, strp("mythex-")), want: []string{`accessLogsBucket "mythex-" must be lowercase`}},
+		{name: "bucket double dot", cfg: withKey(good, KeyAccessLogsBucket, strp("mythex..logs")), want: []string{`two adjacent dots`}},
+		{name: "bucket IP", cfg: withKey(good, KeyAccessLogsBucket, strp("192.168.5.4")), want: []string{`must not be formatted as an IP address`}},
+		{name: "bucket reserved prefix", cfg: withKey(good, KeyAccessLogsBucket, strp("xn--logs")), want: []string{`must not begin with "xn--"`}},
+		{name: "bucket reserved suffix", cfg: withKey(good, KeyAccessLogsBucket, strp("logs-s3alias")), want: []string{`must not end with "-s3alias"`}},
+		{name: "port zero", cfg: withKey(good, KeyAppPort, strp("0")), want: []string{`^mythex-infra:appPort 0 must be within 1–65535$`}},
+		{name: "port too high", cfg: withKey(good, KeyAppPort, strp("65536")), want: []string{`^mythex-infra:appPort 65536 must be within 1–65535$`}},
+		{name: "port not a number", cfg: withKey(good, KeyAppPort, strp("http")), want: []string{`^mythex-infra:appPort "http" must be an integer$`}},
+		{name: "no instances", cfg: withKey(good, KeyInstanceIDs, strp(`[]`)), want: []string{`instanceIds has 0 entries, needs at least 1`}},
 		{
 			name: "duplicate and malformed instances",
-			cfg:  with(good, KeyInstanceIDs, ptr(`["i-0123abcd","i-0123abcd","i-xyz","i-0123456789abcdef"]`)),
+			cfg:  withKey(good, KeyInstanceIDs, strp(`["i-0123abcd","i-0123abcd","i-xyz","i-0123456789abcdef"]`)),
 			want: []string{`instanceIds \[1\] "i-0123abcd" repeats \[0\]`, `instanceIds \[2\] "i-xyz" is not an EC2 instance ID`, `instanceIds \[3\] "i-0123456789abcdef" is not an EC2 instance ID`},
 		},
 		{
 			name: "every problem at once",
-			cfg: with(with(with(good, KeyAppPort, ptr("70000")), KeyPublicSubnetIDs, ptr(`["subnet-0123abcd"]`)),
+			cfg: withKey(withKey(withKey(good, KeyAppPort, strp("70000")), KeyPublicSubnetIDs, strp(`["subnet-0123abcd"]`)),
 				KeyVPCID, nil),
 			want: []string{`vpcId is not set`, `publicSubnetIds has 1 entries`, `appPort 70000 must be within`},
 		},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			c, err := ParseStackConfig(source(tc.cfg))
+			c, err := ParseStackConfig(mapSource(tc.cfg))
 			if len(tc.want) == 0 {
 				require.NoError(t, err)
 				assert.NoError(t, c.Validate(), "a parsed config validates")
