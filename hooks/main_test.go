@@ -206,3 +206,26 @@ func lines(s string) []string {
 	}
 	return out
 }
+
+// runScript is run for goroutines other than the test's: it never calls
+// require.
+func runScript(s Server, extra []string, script string, args ...string) result {
+	cmd := s.Command(context.Background(), script, args...)
+	cmd.Env = append(cmd.Env, extra...)
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	err := cmd.Run()
+	code := -1
+	if cmd.ProcessState != nil {
+		code = cmd.ProcessState.ExitCode()
+	}
+	if err != nil && code == -1 {
+		stderr.WriteString(err.Error())
+	}
+	return result{code: code, stdout: stdout.String(), stderr: stderr.String()}
+}
+
+// execBash runs a command line through bash with $0 set to name.
+func execBash(line, name string) ([]byte, error) {
+	return exec.Command("bash", "-c", line, name).CombinedOutput()
+}

@@ -69,14 +69,10 @@ func ImageName(prefix, role, version string) string {
 	return prefix + "/" + role + ":" + version
 }
 
-// checkRenderable reports why t cannot drive the scripts and the compose
-// file: broken invariants, a stop grace period the Docker engine cannot
-// take, or a duration finer than the millisecond the scripts count in.
+// checkRenderable reports why t cannot drive the scripts: broken invariants,
+// or a duration finer than the millisecond the scripts count in.
 func checkRenderable(t infra.Timing) error {
 	errs := []error{t.ValidateInvariants()}
-	if t.StopGracePeriod%time.Second != 0 {
-		errs = append(errs, fmt.Errorf("StopGracePeriod %v must be whole seconds: the Docker engine takes the stop timeout in seconds", t.StopGracePeriod))
-	}
 	for _, d := range []struct {
 		name string
 		v    time.Duration
@@ -111,10 +107,14 @@ type composeService struct {
 	Role, Image, Publish string
 }
 
-// RenderCompose renders the compose definition for t.
+// RenderCompose renders the compose definition for t. Its stop grace period
+// must be whole seconds, the unit the Docker engine takes.
 func RenderCompose(t infra.Timing) ([]byte, error) {
 	if err := checkRenderable(t); err != nil {
 		return nil, err
+	}
+	if t.StopGracePeriod%time.Second != 0 {
+		return nil, fmt.Errorf("timing cannot be rendered for compose: StopGracePeriod %v must be whole seconds: the Docker engine takes the stop timeout in seconds", t.StopGracePeriod)
 	}
 	ref := func(name, fallback string) string { return "${" + name + ":-" + fallback + "}" }
 	versionRef := "${" + EnvVersion + ":?set " + EnvVersion + " to the release to run}"
@@ -209,7 +209,7 @@ func RenderTimer(t infra.Timing) ([]byte, error) {
 		return nil, err
 	}
 	// systemd may delay a timer by AccuracySec (1 min by default, longer than
-	// our interval); a sixtieth of the interval keeps four strikes about
+	// the production interval); a sixtieth of the interval keeps four strikes about
 	// three intervals apart. Delays only ever lengthen the tolerance.
 	accuracy := max((t.WatchdogInterval / 60).Truncate(time.Millisecond), time.Millisecond)
 	return fmt.Appendf(nil, `# Generated from the timing contract (infra.Timing) by `+"`go generate ./hooks`"+`:
