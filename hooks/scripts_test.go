@@ -1,0 +1,207 @@
+package hooks
+
+import (
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/mythex/infra/infra"
+)
+
+func TestBootstrapInstallsDefinitionHooksAndUnits(t *testing.T) {
+	s := newServer(t, infra.Prod().Scaled(0.2))
+	res := run(t, s, nil, "bootstrap")
+	require.Equal(t, 0, res.code, "%s", res)
+
+	release := func(name string) string { return string(mustRead(t, filepath.Join(s.ReleaseDir, name))) }
+	installed := func(name string) string { return string(mustRead(t, filepath.Join(s.Root, name))) }
+	assert.Equal(t, release(ComposeFile), installed(ComposeFile))
+	assert.Equal(t, release(ChecksumFile), installed(ChecksumFile))
+	assert.Equal(t, release(TimingEnvFile), installed("hooks/timing.env"), "the timing the release was rendered from")
+	for _, name := range []string{"deploy", "watchdog", "bootstrap", "lib.sh"} {
+		assert.Equal(t, string(mustRead(t, name)), installed("hooks/"+name), name)
+	}
+	fi, err := os.Stat(filepath.Join(s.Root, "hooks", "watchdog"))
+	require.NoError(t, err)
+	assert.Equal(t, os.FileMode(0o755), fi.Mode().Perm())
+
+	unit := installed("systemd/mythex-watchdog.service")
+	assert.Contains(t, unit, "ExecStart="+s.Root+"/hooks/watchdog\n")
+	assert.Contains(t, unit, "Environment=MYTHEX_ROOT="+s.Root+"\n")
+	assert.NotContains(t, unit, "@MYTHEX_ROOT@")
+	assert.Equal(t, string(mustRead(t, TimerFile)), installed("systemd/"+TimerFile))
+	assert.Contains(t, res.stdout, "not enabling them", "units outside systemd's directory are not enabled")
+
+	if analyze, err := exec.LookPath("systemd-analyze"); err == nil {
+		out, err := exec.Command(analyze, "verify", "--man=no",
+			filepath.Join(s.Root, "systemd", "mythex-watchdog.service"),
+			filepath.Join(s.Root, "systemd", TimerFile)).CombinedOutput()
+		assert.NoError(t, err, "systemd-analyze verify:\n%s", out)
+	}
+
+	// The installed watchdog runs on its own, with the timing beside it.
+	cmd := exec.Command(filepath.Join(s.Root, "hooks", "watchdog"))
+	cmd.Env = append(os.Environ(), "MYTHEX_ROOT="+s.Root)
+	out, err := cmd.CombinedOutput()
+	assert.NoError(t, err, "%s", out)
+	assert.Contains(t, string(out), "nothing deployed on this server yet")
+
+	// Again: bootstrap is safe to repeat and leaves no temp file behind.
+	res = run(t, s, nil, "bootstrap")
+	require.Equal(t, 0, res.code, "%s", res)
+	leftovers, err := filepath.Glob(filepath.Join(s.Root, "*", ".*"))
+	require.NoError(t, err)
+	dot, err := filepath.Glob(filepath.Join(s.Root, ".*"))
+	require.NoError(t, err)
+	assert.Empty(t, append(leftovers, dot...), "temp files left behind")
+}
+
+func TestTamperedDefinitionIsRefused(t *testing.T) {
+	tests := []struct {
+		name    string
+		tamper  func(t *testing.T, release string)
+		wantErr string
+	}{
+		{"changed compose file", func(t *testing.T, release string) {
+			f, err := os.OpenFile(filepath.Join(release, ComposeFile), os.O_APPEND|os.O_WRONLY, 0)
+			require.NoError(t, err)
+			_, err = f.WriteString("  rogue:\n    image: busybox\n")
+			require.NoError(t, err)
+			require.NoError(t, f.Close())
+		}, "but the published checksum is"},
+		{"checksum of another file", func(t *testing.T, release string) {
+			require.NoError(t, os.WriteFile(filepath.Join(release, ChecksumFile), Checksum([]byte("something else")), 0o644))
+		}, "but the published checksum is"},
+		{"no checksum", func(t *testing.T, release string) {
+			require.NoError(t, os.Remove(filepath.Join(release, ChecksumFile)))
+		}, "no published checksum"},
+		{"checksum file without a checksum", func(t *testing.T, release string) {
+			require.NoError(t, os.WriteFile(filepath.Join(release, ChecksumFile), []byte("TODO\n"), 0o644))
+		}, "holds no SHA-256"},
+	}
+	for _, tt := range tests {
+		for _, script := range []string{"deploy", "bootstrap"} {
+			t.Run(tt.name+"/"+script, func(t *testing.T) {
+				s := newServer(t, infra.Prod().Scaled(0.2))
+				// A good definition is installed first.
+				res := run(t, s, nil, "bootstrap")
+				require.Equal(t, 0, res.code, "%s", res)
+				installedCompose := mustRead(t, filepath.Join(s.Root, ComposeFile))
+				installedSum := mustRead(t, filepath.Join(s.Root, ChecksumFile))
+				fi, err := os.Stat(filepath.Join(s.Root, ComposeFile))
+				require.NoError(t, err)
+
+				// Then a tampered one is published (a new release, new timing).
+				tt.tamper(t, s.ReleaseDir)
+				args := map[string][]string{"deploy": {"v2"}}[script]
+				res = run(t, s, nil, script, args...)
+				assert.Equal(t, 1, res.code, "%s", res)
+				assert.Contains(t, res.stderr, tt.wantErr)
+				assert.Equal(t, string(installedCompose), string(mustRead(t, filepath.Join(s.Root, ComposeFile))), "installed definition untouched")
+				assert.Equal(t, string(installedSum), string(mustRead(t, filepath.Join(s.Root, ChecksumFile))), "installed checksum untouched")
+				after, err := os.Stat(filepath.Join(s.Root, ComposeFile))
+				require.NoError(t, err)
+				assert.Equal(t, fi.ModTime(), after.ModTime(), "installed definition not rewritten")
+				assert.NoFileExists(t, filepath.Join(s.Root, "state", "deployed.env"), "nothing deployed")
+				dot, err := filepath.Glob(filepath.Join(s.Root, ".*"))
+				require.NoError(t, err)
+				assert.Empty(t, dot, "no temp file left behind")
+			})
+		}
+	}
+}
+
+func TestDeployRefusesBadInput(t *testing.T) {
+	s := newServer(t, infra.Prod().Scaled(0.2))
+	s.AppPort = 0
+	res := run(t, s, []string{"MYTHEX_IMAGE_PREFIX=Not A Prefix"}, "deploy", "v1; rm -rf /")
+	assert.Equal(t, 2, res.code, "%s", res)
+	for _, want := range []string{
+		"VERSION 'v1; rm -rf /' is not a valid image tag",
+		"MYTHEX_APP_PORT '0' must be a port number",
+		"MYTHEX_IMAGE_PREFIX 'Not A Prefix' is not an image prefix",
+	} {
+		assert.Contains(t, res.stderr, want, "every problem is named at once")
+	}
+	assert.NoDirExists(t, s.Root, "nothing done")
+
+	res = run(t, s, nil, "deploy")
+	assert.Equal(t, 2, res.code, "%s", res)
+	assert.Contains(t, res.stderr, "usage: deploy VERSION")
+}
+
+func TestScriptsRefuseBrokenTimingFile(t *testing.T) {
+	s := newServer(t, infra.Prod().Scaled(0.2))
+	env := string(mustRead(t, filepath.Join(s.ReleaseDir, TimingEnvFile)))
+	env = strings.Replace(env, "MYTHEX_LOCK_WAIT_MS=24000", "MYTHEX_LOCK_WAIT_MS=24s", 1)
+	env = strings.Replace(env, "MYTHEX_WATCHDOG_STRIKES=4\n", "", 1)
+	env += "not a setting\n"
+	require.NoError(t, os.WriteFile(filepath.Join(s.ReleaseDir, TimingEnvFile), []byte(env), 0o644))
+	for _, script := range []string{"deploy", "watchdog", "bootstrap"} {
+		t.Run(script, func(t *testing.T) {
+			res := run(t, s, nil, script, map[string][]string{"deploy": {"v1"}}[script]...)
+			assert.Equal(t, 1, res.code, "%s", res)
+			for _, want := range []string{
+				"MYTHEX_LOCK_WAIT_MS=24s must be a positive integer",
+				"MYTHEX_WATCHDOG_STRIKES is missing",
+				"is not KEY=value: not a setting",
+			} {
+				assert.Contains(t, res.stderr, want)
+			}
+			assert.NoFileExists(t, s.Lock(), "stopped before taking the lock")
+		})
+	}
+}
+
+// rolloutEnv writes stand-ins for the ssh deploy and the balancer wait that
+// record each call, and fail for the servers named in failDeploy/failWait.
+func rolloutEnv(t *testing.T, failDeploy, failWait string) (env []string, calls string) {
+	t.Helper()
+	dir := t.TempDir()
+	calls = filepath.Join(dir, "calls")
+	write := func(name, body string) string {
+		p := filepath.Join(dir, name)
+		require.NoError(t, os.WriteFile(p, []byte("#!/usr/bin/env bash\nset -euo pipefail\n"+body), 0o755))
+		return p
+	}
+	deploy := write("deploy", `echo "deploy $1 $2" >>"`+calls+`"; [[ "$1" != "`+failDeploy+`" ]]`+"\n")
+	wait := write("wait", `echo "wait $1" >>"`+calls+`"; [[ "$1" != "`+failWait+`" ]]`+"\n")
+	return append(os.Environ(), "MYTHEX_DEPLOY_CMD="+deploy, "MYTHEX_WAIT_IN_SERVICE="+wait), calls
+}
+
+func TestRolloutOneServerAtATime(t *testing.T) {
+	tests := []struct {
+		name                 string
+		failDeploy, failWait string
+		code                 int
+		calls                []string
+		stderr               string
+	}{
+		{"all deploy", "", "", 0,
+			[]string{"deploy s1 v9", "wait s1", "deploy s2 v9", "wait s2", "deploy s3 v9", "wait s3"}, ""},
+		{"stops at the first failed deploy", "s2", "", 1,
+			[]string{"deploy s1 v9", "wait s1", "deploy s2 v9"}, "deploy of v9 to s2 FAILED; stopping here. Not deployed: s3"},
+		{"stops when a server does not come back", "", "s1", 1,
+			[]string{"deploy s1 v9", "wait s1"}, "s1 did not come back into service; stopping here. Not deployed: s2 s3"},
+		{"last server fails", "s3", "", 1,
+			[]string{"deploy s1 v9", "wait s1", "deploy s2 v9", "wait s2", "deploy s3 v9"}, "Not deployed: none"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			env, calls := rolloutEnv(t, tt.failDeploy, tt.failWait)
+			cmd := exec.Command("./rollout", "v9", "s1", "s2", "s3")
+			cmd.Env = env
+			var stderr strings.Builder
+			cmd.Stderr = &stderr
+			_ = cmd.Run()
+			assert.Equal(t, tt.code, cmd.ProcessState.ExitCode(), "%s", stderr.String())
+			assert.Equal(t, tt.calls, lines(string(mustRead(t, calls))))
+			assert.Contains(t, stderr.String(), tt.stderr)
+		})
+	}
+}
