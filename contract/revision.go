@@ -27,7 +27,9 @@ const snapshotDir = "_timingsnapshot"
 type Side struct {
 	// Label names the revision for people, e.g. "origin/main (1a2b3c4)".
 	Label string
-	Snap  Snapshot
+	// Commit is the full hash; empty for the working tree.
+	Commit string
+	Snap   Snapshot
 }
 
 // Current is the contract compiled into this binary: the working tree it was
@@ -74,7 +76,7 @@ func AtRevision(ctx context.Context, dir, rev string) (side Side, err error) {
 	if err != nil {
 		return Side{}, fmt.Errorf("read the timing at %s (%.7s): %w", rev, hash, err)
 	}
-	return Side{Label: fmt.Sprintf("%s (%.7s)", rev, hash), Snap: snap}, nil
+	return Side{Label: fmt.Sprintf("%s (%.7s)", rev, hash), Commit: hash, Snap: snap}, nil
 }
 
 // runSnapshot builds and runs the snapshot program inside the module at tree.

@@ -2,8 +2,9 @@
 //
 //	timing [show]                      values with reasons, margins, drain timeline
 //	timing markdown [-o FILE]          TIMING.md (go run ./cmd/timing markdown -o TIMING.md)
-//	timing diff [-o FILE] REV [REV2]   the contract at REV against the working tree
-//	                                   (or against REV2), as markdown
+//	timing diff [-o FILE] [-old-name NAME] [-new-name NAME] REV [REV2]
+//	                                   the contract at REV against the working
+//	                                   tree (or against REV2), as markdown
 //
 // show and markdown exit 1 when the contract breaks a rule, after printing
 // it; diff exits 0 whenever it could compare, since a broken side is what it
@@ -32,8 +33,11 @@ const usage = `usage:
   timing [show]                     print the contract: values with reasons, invariants with
                                     margins, the drain timeline
   timing markdown [-o FILE]         print TIMING.md, or write it to FILE
-  timing diff [-o FILE] REV [REV2]  compare the contract at git revision REV with the working
-                                    tree (or with REV2), as markdown; e.g. timing diff origin/main
+  timing diff [-o FILE] [-old-name NAME] [-new-name NAME] REV [REV2]
+                                    compare the contract at git revision REV with the working
+                                    tree (or with REV2), as markdown; e.g. timing diff origin/main.
+                                    -old-name and -new-name say what the two sides are called
+                                    in the output (CI names the base branch and the pull request)
 `
 
 // errUsage marks a command line that cannot be run; it exits 2.
@@ -87,11 +91,15 @@ func show(args []string, stdout io.Writer) error {
 	return t.Validate()
 }
 
-// parse reads flags for a subcommand; -o is the output file.
-func parse(name string, args []string, stderr io.Writer) (*flag.FlagSet, string, error) {
+// parse reads flags for a subcommand; -o is the output file. extra adds the
+// subcommand's own flags before parsing.
+func parse(name string, args []string, stderr io.Writer, extra func(*flag.FlagSet)) (*flag.FlagSet, string, error) {
 	fs := flag.NewFlagSet("timing "+name, flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	out := fs.String("o", "", "write to `FILE` (atomically) instead of standard output")
+	if extra != nil {
+		extra(fs)
+	}
 	if err := fs.Parse(args); err != nil {
 		return nil, "", fmt.Errorf("%w: %w", errUsage, err)
 	}
@@ -99,7 +107,7 @@ func parse(name string, args []string, stderr io.Writer) (*flag.FlagSet, string,
 }
 
 func markdown(args []string, stdout, stderr io.Writer) error {
-	fs, out, err := parse("markdown", args, stderr)
+	fs, out, err := parse("markdown", args, stderr, nil)
 	if err != nil {
 		return err
 	}
@@ -124,7 +132,11 @@ func markdown(args []string, stdout, stderr io.Writer) error {
 }
 
 func diff(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs, out, err := parse("diff", args, stderr)
+	var oldName, newName string
+	fs, out, err := parse("diff", args, stderr, func(fs *flag.FlagSet) {
+		fs.StringVar(&oldName, "old-name", "", "call the first revision `NAME` in the output")
+		fs.StringVar(&newName, "new-name", "", "call the other side `NAME` in the output")
+	})
 	if err != nil {
 		return err
 	}
@@ -139,11 +151,17 @@ func diff(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
+	if oldName != "" {
+		oldSide.Label = fmt.Sprintf("%s (%.7s)", oldName, oldSide.Commit)
+	}
 	newSide := contract.Current()
 	if fs.NArg() == 2 {
 		if newSide, err = contract.AtRevision(ctx, root, fs.Arg(1)); err != nil {
 			return err
 		}
+	}
+	if newName != "" {
+		newSide.Label = newName
 	}
 	var buf bytes.Buffer
 	if err := contract.WriteDiff(&buf, oldSide, newSide); err != nil {

@@ -110,13 +110,13 @@ func TestDiffAgainstHead(t *testing.T) {
 		t.Skip("builds another revision of package infra; run without -short")
 	}
 	out := filepath.Join(t.TempDir(), "diff.md")
-	code, stdout, stderr := runTiming(t, "diff", "-o", out, "HEAD")
+	code, stdout, stderr := runTiming(t, "diff", "-o", out, "-old-name", "base", "-new-name", "this change", "HEAD")
 	require.Equal(t, 0, code, stderr)
 	assert.Empty(t, stdout)
 	data, err := os.ReadFile(out)
 	require.NoError(t, err)
 	md := string(data)
-	assert.True(t, strings.HasPrefix(md, "### Timing contract: `HEAD ("), md)
-	assert.Contains(t, md, "→ `working tree`")
+	assert.True(t, strings.HasPrefix(md, "### Timing contract: `base ("), md)
+	assert.Contains(t, md, "→ `this change`")
 	assert.Contains(t, md, "| `"+string(infra.RuleDrainOutlasts)+"`")
 }
