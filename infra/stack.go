@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"os"
 	"path/filepath"
 	"regexp"
 	"slices"
@@ -268,6 +269,10 @@ func LoadStackFile(path string) (StackFile, error) {
 	}
 	if !ok || stack == "" {
 		return StackFile{}, fmt.Errorf("stack file %s: name must be Pulumi.<stack>.yaml", path)
+	}
+	// Pulumi's loader takes a missing stack file for an empty one.
+	if _, err := os.Stat(path); err != nil {
+		return StackFile{}, fmt.Errorf("read stack file: %w", err)
 	}
 	projectPath := filepath.Join(filepath.Dir(path), "Pulumi.yaml")
 	proj, err := workspace.LoadProject(projectPath)

@@ -230,6 +230,7 @@ func TestLoadStackFileErrors(t *testing.T) {
 		stack   string
 		want    string
 	}{
+		{name: "no stack file", file: "Pulumi.staging.yaml", project: string(project), want: "read stack file: stat "},
 		{name: "not a stack file name", file: "prod.yaml", project: string(project), stack: "config: {}\n", want: "name must be Pulumi.<stack>.yaml"},
 		{name: "no project beside it", file: "Pulumi.prod.yaml", stack: "config: {}\n", want: "load project for stack file"},
 		{name: "another project", file: "Pulumi.prod.yaml", project: "name: other\nruntime: go\n", stack: "config: {}\n", want: `is named "other", want "mythex-infra"`},
@@ -247,7 +248,9 @@ func TestLoadStackFileErrors(t *testing.T) {
 				require.NoError(t, os.WriteFile(filepath.Join(dir, "Pulumi.yaml"), []byte(tc.project), 0o600))
 			}
 			path := filepath.Join(dir, tc.file)
-			require.NoError(t, os.WriteFile(path, []byte(tc.stack), 0o600))
+			if tc.stack != "" {
+				require.NoError(t, os.WriteFile(path, []byte(tc.stack), 0o600))
+			}
 			_, err := LoadStackFile(path)
 			require.Error(t, err)
 			assert.Contains(t, err.Error(), tc.want)
