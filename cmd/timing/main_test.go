@@ -120,3 +120,44 @@ func TestDiffAgainstHead(t *testing.T) {
 	assert.Contains(t, md, "→ `this change`")
 	assert.Contains(t, md, "| `"+string(infra.RuleDrainOutlasts)+"`")
 }
+
+// TestPullRequestWorkflowCommandParses runs the command line the pull-request
+// workflow runs, with a revision that does not exist: it must get as far as
+// looking the revision up (exit 1), not stop at its flags (exit 2).
+func TestPullRequestWorkflowCommandParses(t *testing.T) {
+	root, err := contract.FindModuleRoot(".")
+	require.NoError(t, err)
+	data, err := os.ReadFile(filepath.Join(root, ".github", "workflows", "pull-request.yml"))
+	require.NoError(t, err)
+	// The invocation may continue over lines ending in a backslash.
+	joined := strings.ReplaceAll(string(data), "\\\n", " ")
+	var line string
+	for _, l := range strings.Split(joined, "\n") {
+		if strings.Contains(l, "go run ./cmd/timing diff") {
+			line = l
+		}
+	}
+	require.NotEmpty(t, line, "pull-request.yml no longer runs `go run ./cmd/timing diff`")
+	fields := strings.Fields(strings.SplitN(line, "go run ./cmd/timing", 2)[1])
+	args := make([]string, 0, len(fields))
+	for i := 0; i < len(fields); i++ {
+		f := fields[i]
+		// A quoted argument with spaces, e.g. "pull request #$PR_NUMBER".
+		for strings.HasPrefix(f, `"`) && !strings.HasSuffix(f, `"`) && i+1 < len(fields) {
+			i++
+			f += " " + fields[i]
+		}
+		args = append(args, os.Expand(strings.Trim(f, `"`), func(name string) string {
+			switch name {
+			case "RUNNER_TEMP":
+				return t.TempDir()
+			case "BASE_SHA":
+				return "no-such-base-revision"
+			}
+			return "x"
+		}))
+	}
+	code, _, stderr := runTiming(t, args...)
+	assert.Equal(t, 1, code, "args %q: %s", args, stderr)
+	assert.Contains(t, stderr, `revision "no-such-base-revision" is not a commit`)
+}
