@@ -132,6 +132,7 @@ func TestParseStackConfig(t *testing.T) {
 		{name: "lowest port", cfg: withKey(good, KeyAppPort, strp("1"))},
 		{name: "highest port", cfg: withKey(good, KeyAppPort, strp("65535"))},
 		{name: "shortest bucket", cfg: withKey(good, KeyAccessLogsBucket, strp("a-b"))},
+		{name: "longest bucket", cfg: withKey(good, KeyAccessLogsBucket, strp(strings.Repeat("a", 63)))},
 		{name: "gov partition", cfg: withKey(withKey(good, KeyRegion, strp("us-gov-west-1")), KeyCertificateARN,
 			strp("arn:aws-us-gov:acm:us-gov-west-1:123456789012:certificate/12345678-90ab-cdef-1234-567890abcdef"))},
 		{
