@@ -256,6 +256,7 @@ func TestAtRevision(t *testing.T) {
 	old, err := contract.AtRevision(ctx, repo, "HEAD")
 	require.NoError(t, err)
 	assert.Equal(t, "HEAD ("+head[:7]+")", old.Label)
+	assert.Equal(t, head, old.Commit)
 	assert.Equal(t, 1, strings.Count(gitIn(t, repo, "worktree", "list", "--porcelain"), "worktree "),
 		"the temporary worktree must be removed")
 

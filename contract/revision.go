@@ -76,7 +76,11 @@ func AtRevision(ctx context.Context, dir, rev string) (side Side, err error) {
 	if err != nil {
 		return Side{}, fmt.Errorf("read the timing at %s (%.7s): %w", rev, hash, err)
 	}
-	return Side{Label: fmt.Sprintf("%s (%.7s)", rev, hash), Commit: hash, Snap: snap}, nil
+	label := fmt.Sprintf("%s (%.7s)", rev, hash)
+	if strings.HasPrefix(hash, rev) {
+		label = fmt.Sprintf("%.7s", hash)
+	}
+	return Side{Label: label, Commit: hash, Snap: snap}, nil
 }
 
 // runSnapshot builds and runs the snapshot program inside the module at tree.

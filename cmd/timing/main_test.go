@@ -31,9 +31,39 @@ func TestTimingMDIsCurrent(t *testing.T) {
 	require.Equal(t, 0, code, stderr)
 	got, err := os.ReadFile(filepath.Join(root, "TIMING.md"))
 	require.NoError(t, err, "TIMING.md is missing: run `%s` at the repository root", contract.GenerateCommand)
-	assert.Equal(t, want, string(got),
-		"TIMING.md is stale: the timing contract changed. Run `%s` at the repository root and commit TIMING.md.",
-		contract.GenerateCommand)
+	if string(got) != want {
+		t.Errorf("TIMING.md is stale: the timing contract changed. Run `%s` at the repository root and commit TIMING.md.\n"+
+			"Lines that would change (- in the file, + generated now):\n%s",
+			contract.GenerateCommand, changedLines(string(got), want, 20))
+	}
+}
+
+// changedLines lists, at most max of each, the lines only old has (-) and
+// the lines only new has (+): enough to see which numbers moved.
+func changedLines(old, new string, max int) string {
+	count := func(s string) map[string]int {
+		m := map[string]int{}
+		for _, l := range strings.Split(s, "\n") {
+			m[l]++
+		}
+		return m
+	}
+	o, n := count(old), count(new)
+	var out []string
+	list := func(s string, other map[string]int, mark string) {
+		seen := map[string]int{}
+		k := 0
+		for _, l := range strings.Split(s, "\n") {
+			seen[l]++
+			if seen[l] > other[l] && k < max {
+				out = append(out, mark+" "+l)
+				k++
+			}
+		}
+	}
+	list(old, n, "-")
+	list(new, o, "+")
+	return strings.Join(out, "\n")
 }
 
 func TestRun(t *testing.T) {
