@@ -255,7 +255,9 @@ func ask(t *testing.T, b *Balancer, n int) (byBody map[string]int, byStatus map[
 // vanishes while still in rotation gives 502s, never retried elsewhere.
 func TestBalancerFollowsHealthChecks(t *testing.T) {
 	bin := testCaddy(t)
-	tm := infra.Prod().Scaled(0.05) // checks every 250 ms
+	// Checks every 500 ms, each allowed 300 ms: quick, yet no check times out
+	// on a busy machine.
+	tm := infra.Prod().Scaled(0.1)
 	a, b := newUpstream(t, "a"), newUpstream(t, "b")
 	ctx := context.Background()
 	lb, err := StartBalancer(ctx, bin, "lb1", t.TempDir(), tm, []string{a.addr, b.addr})
@@ -273,7 +275,8 @@ func TestBalancerFollowsHealthChecks(t *testing.T) {
 	a.healthy.Store(false)
 	h, err := lb.Health.Await(ctx, a.addr, wait, isOut)
 	require.NoError(t, err, "Caddy never took a out: %+v", h)
-	assert.Equal(t, tm.UnhealthyThreshold, h.FailedChecks, "out after exactly health_fails failed checks")
+	assert.Equal(t, 1, h.Outs)
+	assert.GreaterOrEqual(t, h.FailedChecks, tm.UnhealthyThreshold, "out after health_fails failed checks")
 	_, byStatus = ask(t, lb, 20)
 	assert.Equal(t, map[int]int{200: 20}, byStatus)
 	before := a.served.Load()

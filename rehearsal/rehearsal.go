@@ -86,8 +86,11 @@ func CheckDocker(ctx context.Context) error {
 // Run rehearses every profile in c and reports each deploy. The report is
 // filled as far as the run got even when an error is returned.
 func Run(ctx context.Context, c Config) (Report, error) {
+	if err := c.Validate(); err != nil {
+		return Report{}, err
+	}
 	profiles, err := Profiles(c.Scale, c.Profiles...)
-	if err := errors.Join(err, c.Validate()); err != nil {
+	if err != nil {
 		return Report{}, err
 	}
 	rep := Report{Servers: c.Servers, Deploys: c.Deploys, Rate: c.Rate, Scale: c.Scale, Path: c.Path, Note: CountingNote}
@@ -394,6 +397,7 @@ func (c Config) deploy(ctx context.Context, p Profile, id string, d int, servers
 			dr.Problems = append(dr.Problems, err.Error())
 			break
 		}
+		dr.HookSeconds = append(dr.HookSeconds, time.Since(start).Seconds())
 		if err = awaitInService(ctx, lbs, s.addr, t.StartTimeout); err != nil {
 			err = fmt.Errorf("%s deployed but not back in service: %w", s.name, err)
 			dr.Problems = append(dr.Problems, err.Error())

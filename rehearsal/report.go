@@ -64,6 +64,9 @@ type DeployReport struct {
 	// ServerSeconds are the seconds each server's deploy took, from the
 	// deploy hook's start until every balancer node had it back in service.
 	ServerSeconds []float64 `json:"server_seconds"`
+	// HookSeconds are the seconds each server's deploy hook ran: the rest of
+	// ServerSeconds is waiting for the balancer nodes to take it back.
+	HookSeconds []float64 `json:"hook_seconds"`
 	// ServerDeployMin is Timing.ServerDeployMin in seconds: drain + re-entry.
 	ServerDeployMin float64 `json:"server_deploy_min_s"`
 	// TakenOut counts, over servers and balancer nodes, the times a node took
@@ -121,6 +124,7 @@ func total(deploys []DeployReport) DeployReport {
 	for _, d := range deploys {
 		t.Counts = t.Counts.Add(d.Counts)
 		t.ServerSeconds = append(t.ServerSeconds, d.ServerSeconds...)
+		t.HookSeconds = append(t.HookSeconds, d.HookSeconds...)
 		t.ServerDeployMin = d.ServerDeployMin
 		t.TakenOut += d.TakenOut
 		t.WatchdogRuns += d.WatchdogRuns

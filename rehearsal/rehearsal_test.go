@@ -1,0 +1,88 @@
+package rehearsal
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// repoRoot is the repository, two levels up from this package.
+func repoRoot(t *testing.T) string {
+	t.Helper()
+	root, err := filepath.Abs("..")
+	require.NoError(t, err)
+	_, err = os.Stat(filepath.Join(root, "hooks", "deploy"))
+	require.NoError(t, err, "the rehearsal runs the repository's hooks")
+	return root
+}
+
+// TestRehearsal is the rehearsal's CI tier: three servers, two deploys per
+// profile, real containers behind real Caddy nodes under 200 requests per
+// second. prod must lose nothing; before must lose requests, or the
+// rehearsal could not tell a fix from luck.
+func TestRehearsal(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
+	defer cancel()
+	require.NoError(t, CheckDocker(ctx), "this test needs a running Docker engine")
+
+	var progress bytes.Buffer
+	c := Config{
+		RepoRoot: repoRoot(t),
+		Servers:  3,
+		Deploys:  2,
+		Rate:     200,
+		Scale:    0.2,
+		Profiles: []string{ProfileProd, ProfileBefore},
+		Path:     "/work?ms=10",
+		WorkDir:  t.TempDir(),
+		Progress: &progress,
+	}
+	rep, err := Run(ctx, c)
+	var table bytes.Buffer
+	require.NoError(t, rep.WriteTable(&table))
+	t.Logf("\n%s", table.String())
+	require.NoError(t, err, "progress:\n%s", progress.String())
+	require.Len(t, rep.Profiles, 2)
+
+	prod, before := rep.Profiles[0], rep.Profiles[1]
+	require.Len(t, prod.Deploys, c.Deploys)
+	for _, d := range prod.Deploys {
+		assert.Zero(t, d.BadGateway, "prod deploy %d: 502s", d.Deploy)
+		assert.Zero(t, d.Timeout, "prod deploy %d: 504s", d.Deploy)
+		assert.True(t, d.Verified, "prod deploy %d: every service on every server: %v", d.Deploy, d.Problems)
+		assert.Zero(t, d.WatchdogRestarts, "prod deploy %d: watchdog restarts", d.Deploy)
+		assert.Len(t, d.ServerSeconds, c.Servers, "prod deploy %d: every server deployed", d.Deploy)
+		// The handshake really happened: each node took each server out
+		// before its listener closed (else no 502 could be luck).
+		assert.Equal(t, 2*c.Servers, d.TakenOut, "prod deploy %d: servers taken out by the balancer nodes", d.Deploy)
+		assert.Positive(t, d.OK, "prod deploy %d: traffic flowed", d.Deploy)
+	}
+	assert.Positive(t, prod.Total.WatchdogRuns, "the watchdog ran during the deploys")
+	require.Len(t, before.Deploys, c.Deploys)
+	assert.Positive(t, before.Total.BadGateway, "before: the old setup's 502s are reproduced")
+	assert.NoError(t, rep.Check())
+}
+
+func TestConfigValidate(t *testing.T) {
+	good := Config{RepoRoot: "/repo", Servers: 3, Deploys: 2, Rate: 200, Scale: 0.2,
+		Profiles: []string{ProfileProd, ProfileBefore}, Path: "/work?ms=10"}
+	require.NoError(t, good.Validate())
+
+	bad := Config{Scale: 0.25, Profiles: []string{"prod", "nope"}, Path: "/healthz"}
+	err := bad.Validate()
+	require.Error(t, err)
+	for _, want := range []string{
+		"RepoRoot is empty", "Servers 0", "Deploys 0", "Rate 0",
+		`Path "/healthz" is the health endpoint`, "profile prod: scale 0.25", `profile "nope": unknown`,
+	} {
+		assert.ErrorContains(t, err, want)
+	}
+	_, err = Run(context.Background(), bad)
+	assert.ErrorContains(t, err, "RepoRoot is empty", "Run refuses what Validate refuses, before touching Docker")
+}
