@@ -83,7 +83,7 @@ type LoadConfig struct {
 func (c LoadConfig) Validate() error {
 	var errs []error
 	if len(c.Targets) == 0 {
-		errs = append(errs, errors.New("Targets is empty"))
+		errs = append(errs, fieldErr("Targets", "is empty"))
 	}
 	for _, t := range c.Targets {
 		if err := checkLoopback(t); err != nil {
@@ -91,24 +91,30 @@ func (c LoadConfig) Validate() error {
 		}
 	}
 	if c.Path == "" || c.Path[0] != '/' {
-		errs = append(errs, fmt.Errorf("Path %q must start with /", c.Path))
+		errs = append(errs, fieldErr("Path", "%q must start with /", c.Path))
 	}
 	if c.Rate <= 0 {
-		errs = append(errs, fmt.Errorf("Rate %d must be positive", c.Rate))
+		errs = append(errs, fieldErr("Rate", "%d must be positive", c.Rate))
 	}
 	if c.RequestTimeout <= 0 {
-		errs = append(errs, fmt.Errorf("RequestTimeout %v must be positive", c.RequestTimeout))
+		errs = append(errs, fieldErr("RequestTimeout", "%v must be positive", c.RequestTimeout))
 	}
 	if c.MaxRequests <= 0 {
-		errs = append(errs, fmt.Errorf("MaxRequests %d must be positive", c.MaxRequests))
+		errs = append(errs, fieldErr("MaxRequests", "%d must be positive", c.MaxRequests))
 	}
 	if c.MaxDuration <= 0 {
-		errs = append(errs, fmt.Errorf("MaxDuration %v must be positive", c.MaxDuration))
+		errs = append(errs, fieldErr("MaxDuration", "%v must be positive", c.MaxDuration))
 	}
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("load config: %w", err)
 	}
 	return nil
+}
+
+// fieldErr is a problem with one named field of a config; the message
+// starts with the field's name, as the caller spells it.
+func fieldErr(field, format string, args ...any) error {
+	return fmt.Errorf("%s "+format, append([]any{field}, args...)...)
 }
 
 // checkLoopback refuses any target but 127.0.0.1: the rehearsal never sends

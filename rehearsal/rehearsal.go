@@ -48,21 +48,21 @@ type Config struct {
 func (c Config) Validate() error {
 	var errs []error
 	if c.RepoRoot == "" {
-		errs = append(errs, errors.New("RepoRoot is empty"))
+		errs = append(errs, fieldErr("RepoRoot", "is empty"))
 	}
 	if c.Servers < 1 {
-		errs = append(errs, fmt.Errorf("Servers %d must be at least 1", c.Servers))
+		errs = append(errs, fieldErr("Servers", "%d must be at least 1", c.Servers))
 	}
 	if c.Deploys < 1 {
-		errs = append(errs, fmt.Errorf("Deploys %d must be at least 1", c.Deploys))
+		errs = append(errs, fieldErr("Deploys", "%d must be at least 1", c.Deploys))
 	}
 	if c.Rate < 1 {
-		errs = append(errs, fmt.Errorf("Rate %d must be at least 1 request per second", c.Rate))
+		errs = append(errs, fieldErr("Rate", "%d must be at least 1 request per second", c.Rate))
 	}
 	if c.Path == "" || c.Path[0] != '/' {
-		errs = append(errs, fmt.Errorf("Path %q must start with /", c.Path))
+		errs = append(errs, fieldErr("Path", "%q must start with /", c.Path))
 	} else if strings.HasPrefix(c.Path, infra.HealthPath) {
-		errs = append(errs, fmt.Errorf("Path %q is the health endpoint: the load asks real routes", c.Path))
+		errs = append(errs, fieldErr("Path", "%q is the health endpoint: the load asks real routes", c.Path))
 	}
 	if _, err := Profiles(c.Scale, c.Profiles...); err != nil {
 		errs = append(errs, err)

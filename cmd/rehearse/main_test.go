@@ -1,0 +1,50 @@
+package main
+
+import (
+	"bytes"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+func TestRunRefusesBadInputBeforeTouchingAnything(t *testing.T) {
+	tests := []struct {
+		name string
+		args []string
+		want []string
+	}{
+		{"scale Docker cannot take", []string{"-scale", "0.25"}, []string{"StopGracePeriod 30s × 0.25 = 7.5s", "one-second resolution"}},
+		{"unknown profile", []string{"-profiles", "prod,staging"}, []string{`profile "staging": unknown`}},
+		{"every problem at once", []string{"-servers", "0", "-deploys", "0", "-rate", "0", "-path", "/healthz"}, []string{
+			"Servers 0", "Deploys 0", "Rate 0", `Path "/healthz" is the health endpoint`,
+		}},
+		{"stray argument", []string{"now"}, []string{`unexpected arguments ["now"]`}},
+		{"unknown flag", []string{"-k", "3"}, []string{"flag provided but not defined: -k"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var stdout, stderr bytes.Buffer
+			code := run(append([]string{"-repo", t.TempDir()}, tt.args...), &stdout, &stderr)
+			assert.Equal(t, 2, code)
+			assert.Empty(t, stdout.String())
+			for _, w := range tt.want {
+				assert.Contains(t, stderr.String(), w)
+			}
+		})
+	}
+}
+
+func TestFindRepo(t *testing.T) {
+	wd, err := os.Getwd()
+	require.NoError(t, err)
+	root, err := findRepo()
+	require.NoError(t, err)
+	assert.Equal(t, filepath.Dir(filepath.Dir(wd)), root, "two levels up from cmd/rehearse")
+
+	t.Chdir(t.TempDir())
+	_, err = findRepo()
+	assert.ErrorContains(t, err, "use -repo")
+}
