@@ -5,9 +5,11 @@
 // behind two Caddy instances that health-check them independently, as ALB
 // nodes do, with every health-check number taken from infra.Timing. A load
 // generator sends a steady rate of requests through both balancers while the
-// real deploy hook replaces every server in turn, D times, and the real
-// watchdog runs on every server on its own timer. Each response is classified
-// (2xx, 502, 503, 504, other, client error) and reported per deploy.
+// real rollout script runs the real deploy hook on every server in turn, D
+// times, waiting between servers until both balancer nodes have the new one
+// back; the real watchdog runs on every server on its own timer. Each
+// response is classified (2xx, 502, 503, 504, other, client error) and
+// reported per deploy.
 //
 // Two profiles run side by side: prod, the timing contract, and before, the
 // article's old setup (a 5 s drain against a balancer that needed up to a

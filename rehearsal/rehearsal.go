@@ -307,6 +307,12 @@ func (c Config) runProfile(ctx context.Context, p Profile, id, dir string, img *
 		}()
 	}
 
+	ro, err := newRollout(c.RepoRoot, dir, servers, lbs, t)
+	if err != nil {
+		return pr, err
+	}
+	defer ro.close()
+
 	var targets []string
 	for _, b := range lbs {
 		targets = append(targets, b.URL())
@@ -335,7 +341,7 @@ func (c Config) runProfile(ctx context.Context, p Profile, id, dir string, img *
 	var runErr error
 	for d := 1; d <= c.Deploys && runErr == nil; d++ {
 		var dr DeployReport
-		dr, runErr = c.deploy(ctx, p, id, d, servers, lbs, load, img)
+		dr, runErr = c.deploy(ctx, p, id, d, servers, lbs, ro, load, img)
 		pr.Deploys = append(pr.Deploys, dr)
 		c.logf("%s: deploy %d/%d: %d requests, %d 2xx, %d 502, %d 503, %d 504, %d client errors; %.2fs per server (%.2f× the minimum); watchdog %d runs, %d restarts",
 			p.Name, d, c.Deploys, dr.Requests, dr.OK, dr.BadGateway, dr.Unavailable, dr.Timeout, dr.ClientErrors,
@@ -378,9 +384,9 @@ func (c Config) newServers(p Profile, id, dir, release string) ([]*server, error
 	return servers, nil
 }
 
-// deploy rolls version d across every server, one at a time: the deploy
-// hook, then a wait until every balancer node has the server back.
-func (c Config) deploy(ctx context.Context, p Profile, id string, d int, servers []*server, lbs []*Balancer, load *Load, img *images) (DeployReport, error) {
+// deploy rolls version d across every server with the rollout, then checks
+// every service on every server itself.
+func (c Config) deploy(ctx context.Context, p Profile, id string, d int, servers []*server, lbs []*Balancer, ro *rollout, load *Load, img *images) (DeployReport, error) {
 	t := p.Timing
 	version := fmt.Sprintf("%s-%s-%d", id, p.Name, d)
 	dr := DeployReport{Deploy: d, Version: version, ServerDeployMin: t.ServerDeployMin().Seconds()}
@@ -391,21 +397,10 @@ func (c Config) deploy(ctx context.Context, p Profile, id string, d int, servers
 	runs0, restarts0 := watchdogTotals(servers)
 	outs0 := outs(lbs)
 	var err error
-	for _, s := range servers {
-		start := time.Now()
-		if err = s.hook(ctx, "deploy", version); err != nil {
-			dr.Problems = append(dr.Problems, err.Error())
-			break
-		}
-		dr.HookSeconds = append(dr.HookSeconds, time.Since(start).Seconds())
-		if err = awaitInService(ctx, lbs, s.addr, t.StartTimeout); err != nil {
-			err = fmt.Errorf("%s deployed but not back in service: %w", s.name, err)
-			dr.Problems = append(dr.Problems, err.Error())
-			break
-		}
-		dr.ServerSeconds = append(dr.ServerSeconds, time.Since(start).Seconds())
-	}
-	if err == nil {
+	dr.HookSeconds, dr.ServerSeconds, err = ro.run(ctx, version)
+	if err != nil {
+		dr.Problems = append(dr.Problems, err.Error())
+	} else {
 		for _, s := range servers {
 			for _, pr := range verify(ctx, s, version, t.HealthCheckTimeout) {
 				dr.Problems = append(dr.Problems, s.name+": "+pr)
