@@ -7,28 +7,29 @@
 // A drain with the production timing (infra.Prod, the timeline TIMING.md
 // draws), counted from the container's stop signal:
 //
-//	0s    SIGTERM         Serving → Draining
-//	                      GET /healthz answers 503 at once; every other
-//	                      route is served normally, and every response
-//	                      closes its connection (Connection: close)
-//	13s   detection       every balancer node has seen 2 failed
-//	                      checks (5s apart, the last taking its 3s
-//	                      timeout) and stopped routing here
-//	15s   + drain 15s     Draining → ShuttingDown
-//	                      the listener closes: new connections are
-//	                      refused; in-flight requests go on
-//	25s   + shutdown 10s  ShuttingDown → Stopped, at the latest
-//	                      requests still running are cut and logged;
-//	                      the process exits 0
-//	30s   SIGKILL         stop grace period 30s: never reached,
-//	                      5s to spare
+//	t=0s      SIGTERM             Serving → Draining: GET /healthz
+//	                              answers 503 at once; every other route
+//	                              is served normally, and every response
+//	                              closes its connection
+//	t=13s     WorstCaseDetection  every balancer node has seen 2
+//	                              failed checks (5s apart, the last
+//	                              taking its 3s timeout) and stopped
+//	                              routing here
+//	t=15s     Drain               Draining → ShuttingDown: the listener
+//	                              closes, new connections are refused;
+//	                              in-flight requests go on
+//	t=25s     ShutdownDeadline    ShuttingDown → Stopped at the latest:
+//	                              requests still running are cut and
+//	                              logged; the process exits 0
+//	t=30s     StopGracePeriod     Docker's SIGKILL, never reached: the
+//	                              process exited 5s before
 //
 // The drain outlasts detection by 2s: no request reaches a
 // closed listener. Each phase change is logged (log/slog) with how long the
 // phase before it lasted, passed to OnPhase hooks and signalled by Entered.
 //
-// Outside the drain an idle keep-alive connection is kept 75s, longer
-// than the balancer's 60s idle timeout, so the balancer always closes
+// Outside the drain an idle keep-alive connection is kept 1m15s, longer
+// than the balancer's 1m idle timeout, so the balancer always closes
 // an idle connection first and never sends a request on one the service has
 // just closed (a 502).
 //

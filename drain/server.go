@@ -349,10 +349,12 @@ func (s *Server) cut() int {
 			"remote", r.remote, "running", now.Sub(r.start).Round(time.Millisecond).String(),
 			"shutdown_timeout", s.cfg.ShutdownTimeout.String())
 	}
-	s.cancelBase()
+	// Connections first: a handler woken by its context must find nothing
+	// left to answer on, or a cut request would look like a success.
 	if err := s.hs.Close(); err != nil {
 		s.log.Warn("closing connections after shutdown timeout", "err", err)
 	}
+	s.cancelBase()
 	return len(reqs)
 }
 

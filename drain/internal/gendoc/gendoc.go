@@ -7,7 +7,7 @@ import (
 	"bytes"
 	"fmt"
 	"go/format"
-	"strconv"
+	"strings"
 	"text/template"
 	"time"
 
@@ -35,16 +35,26 @@ func Render(t infra.Timing) ([]byte, error) {
 	return src, nil
 }
 
-// sec writes a duration in seconds ("75s", not "1m15s"): a timeline reads
-// in one unit.
+// sec writes a duration as TIMING.md does: Go's form, without a trailing
+// "0s" on whole minutes ("1m15s", "1m").
 func sec(d time.Duration) string {
-	return strconv.FormatFloat(d.Seconds(), 'f', -1, 64) + "s"
+	s := d.String()
+	if d != 0 && d%time.Minute == 0 {
+		s = strings.TrimSuffix(s, "0s")
+		if d%time.Hour == 0 {
+			s = strings.TrimSuffix(s, "0m")
+		}
+	}
+	return s
 }
 
-// col starts a timeline row: the time after SIGTERM and the event, padded
-// so the descriptions line up (gofmt keeps a code block's inner spacing).
-func col(at, event string) string {
-	return fmt.Sprintf("%-6s%-16s", at, event)
+// col starts a timeline row as TIMING.md does: the time after SIGTERM and
+// the Timing term that sets it, padded so the descriptions line up.
+func col(at, term string) string {
+	if at == "" {
+		return fmt.Sprintf("  %-7s %-19s ", "", "")
+	}
+	return fmt.Sprintf("t=%-7s %-19s ", at, term)
 }
 
 var docTemplate = template.Must(template.New("doc").Funcs(template.FuncMap{"sec": sec, "col": col}).Parse(
@@ -57,21 +67,22 @@ var docTemplate = template.Must(template.New("doc").Funcs(template.FuncMap{"sec"
 // A drain with the production timing (infra.Prod, the timeline TIMING.md
 // draws), counted from the container's stop signal:
 //
-//	{{col (sec 0) "SIGTERM"}}Serving → Draining
-//	{{col "" ""}}GET {{.Path}} answers 503 at once; every other
-//	{{col "" ""}}route is served normally, and every response
-//	{{col "" ""}}closes its connection (Connection: close)
-//	{{col (sec .T.WorstCaseDetection) "detection"}}every balancer node has seen {{.T.UnhealthyThreshold}} failed
-//	{{col "" ""}}checks ({{sec .T.HealthCheckInterval}} apart, the last taking its {{sec .T.HealthCheckTimeout}}
-//	{{col "" ""}}timeout) and stopped routing here
-//	{{col (sec .T.ListenerCloses) (printf "+ drain %s" (sec .T.Drain))}}Draining → ShuttingDown
-//	{{col "" ""}}the listener closes: new connections are
-//	{{col "" ""}}refused; in-flight requests go on
-//	{{col (sec .T.ShutdownDeadline) (printf "+ shutdown %s" (sec .T.ShutdownTimeout))}}ShuttingDown → Stopped, at the latest
-//	{{col "" ""}}requests still running are cut and logged;
-//	{{col "" ""}}the process exits 0
-//	{{col (sec .T.StopGracePeriod) "SIGKILL"}}stop grace period {{sec .T.StopGracePeriod}}: never reached,
-//	{{col "" ""}}{{sec .T.KillSlack}} to spare
+//	{{col (sec 0) "SIGTERM"}}Serving → Draining: GET {{.Path}}
+//	{{col "" ""}}answers 503 at once; every other route
+//	{{col "" ""}}is served normally, and every response
+//	{{col "" ""}}closes its connection
+//	{{col (sec .T.WorstCaseDetection) "WorstCaseDetection"}}every balancer node has seen {{.T.UnhealthyThreshold}}
+//	{{col "" ""}}failed checks ({{sec .T.HealthCheckInterval}} apart, the last
+//	{{col "" ""}}taking its {{sec .T.HealthCheckTimeout}} timeout) and stopped
+//	{{col "" ""}}routing here
+//	{{col (sec .T.ListenerCloses) "Drain"}}Draining → ShuttingDown: the listener
+//	{{col "" ""}}closes, new connections are refused;
+//	{{col "" ""}}in-flight requests go on
+//	{{col (sec .T.ShutdownDeadline) "ShutdownDeadline"}}ShuttingDown → Stopped at the latest:
+//	{{col "" ""}}requests still running are cut and
+//	{{col "" ""}}logged; the process exits 0
+//	{{col (sec .T.StopGracePeriod) "StopGracePeriod"}}Docker's SIGKILL, never reached: the
+//	{{col "" ""}}process exited {{sec .T.KillSlack}} before
 //
 // The drain outlasts detection by {{sec .T.DrainMargin}}: no request reaches a
 // closed listener. Each phase change is logged (log/slog) with how long the

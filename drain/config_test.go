@@ -1,0 +1,64 @@
+package drain_test
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/mythex/infra/drain"
+	"github.com/mythex/infra/infra"
+)
+
+func envOf(pairs []string) func(string) string {
+	m := map[string]string{}
+	for _, kv := range pairs {
+		for i := 0; i < len(kv); i++ {
+			if kv[i] == '=' {
+				m[kv[:i]] = kv[i+1:]
+				break
+			}
+		}
+	}
+	return func(k string) string { return m[k] }
+}
+
+// What the compose definition renders is what a service reads back.
+func TestEnvironRoundTrips(t *testing.T) {
+	for _, f := range []float64{1, 0.1, 0.01} {
+		want := infra.Prod().Scaled(f).DrainConfig()
+		got, err := drain.ConfigFromEnv(envOf(want.Environ()))
+		require.NoError(t, err, "scale %v", f)
+		assert.Equal(t, want, got, "scale %v", f)
+	}
+}
+
+func TestConfigFromEnvReportsEveryProblem(t *testing.T) {
+	prod := infra.Prod().DrainConfig().Environ()
+	with := func(extra ...string) []string { return append(append([]string(nil), prod...), extra...) }
+	tests := []struct {
+		name    string
+		env     []string
+		wantErr []string
+	}{
+		{"nothing set", nil, []string{
+			"MYTHEX_HEALTH_PATH is not set", "MYTHEX_HEALTHY_STATUS is not set", "MYTHEX_DRAIN is not set",
+			"MYTHEX_SHUTDOWN_TIMEOUT is not set", "MYTHEX_KEEPALIVE is not set",
+		}},
+		{"bad values", with("MYTHEX_HEALTHY_STATUS=ok", "MYTHEX_DRAIN=15", "MYTHEX_KEEPALIVE=soon"), []string{
+			"MYTHEX_HEALTHY_STATUS", `"ok"`, "MYTHEX_DRAIN", `"15"`, "MYTHEX_KEEPALIVE", `"soon"`,
+		}},
+		{"parsed but invalid", with("MYTHEX_HEALTH_PATH=healthz", "MYTHEX_SHUTDOWN_TIMEOUT=-1s"), []string{
+			`HealthPath "healthz" must start with /`, "ShutdownTimeout -1s must be positive",
+		}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := drain.ConfigFromEnv(envOf(tt.env))
+			require.Error(t, err)
+			for _, want := range tt.wantErr {
+				assert.Contains(t, err.Error(), want)
+			}
+		})
+	}
+}

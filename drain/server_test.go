@@ -1,0 +1,597 @@
+package drain_test
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/mythex/infra/drain"
+	"github.com/mythex/infra/infra"
+)
+
+// wait bounds every wait on a phase or a request; reaching it is a failure,
+// never part of a passing run.
+const wait = 20 * time.Second
+
+// logBuffer collects a Server's JSON log lines; the lifecycle and request
+// goroutines write to it concurrently.
+type logBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *logBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+// records returns every log record whose msg is msg.
+func (b *logBuffer) records(t *testing.T, msg string) []map[string]any {
+	t.Helper()
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	var out []map[string]any
+	for _, line := range strings.Split(strings.TrimSpace(b.buf.String()), "\n") {
+		if line == "" {
+			continue
+		}
+		var rec map[string]any
+		require.NoError(t, json.Unmarshal([]byte(line), &rec), "log line %q", line)
+		if rec["msg"] == msg {
+			out = append(out, rec)
+		}
+	}
+	return out
+}
+
+// running is a Server serving on loopback, with what a test observes of it.
+type running struct {
+	srv     *drain.Server
+	addr    string
+	logs    *logBuffer
+	served  chan error
+	mu      sync.Mutex
+	changes []drain.PhaseChange
+}
+
+func (r *running) phaseChanges() []drain.PhaseChange {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]drain.PhaseChange(nil), r.changes...)
+}
+
+// change returns the change into phase to, failing if there was none.
+func (r *running) change(t *testing.T, to drain.Phase) drain.PhaseChange {
+	t.Helper()
+	for _, pc := range r.phaseChanges() {
+		if pc.To == to {
+			return pc
+		}
+	}
+	require.Failf(t, "no phase change", "into %s; got %+v", to, r.phaseChanges())
+	return drain.PhaseChange{}
+}
+
+func start(t *testing.T, cfg drain.Config, next http.Handler, opts ...drain.Option) *running {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	r := &running{addr: ln.Addr().String(), logs: &logBuffer{}, served: make(chan error, 1)}
+	logger := slog.New(slog.NewJSONHandler(r.logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	opts = append(opts, drain.WithLogger(logger), drain.OnPhase(func(pc drain.PhaseChange) {
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		r.changes = append(r.changes, pc)
+	}))
+	r.srv, err = drain.New(cfg, next, opts...)
+	require.NoError(t, err)
+	go func() { r.served <- r.srv.Serve(ln) }()
+	t.Cleanup(func() {
+		r.srv.SkipDrain()
+		waitFor(t, r.srv.Entered(drain.Stopped), "stopped at cleanup")
+	})
+	return r
+}
+
+func waitFor(t *testing.T, ch <-chan struct{}, what string) {
+	t.Helper()
+	select {
+	case <-ch:
+	case <-time.After(wait):
+		require.FailNow(t, "timed out waiting", what)
+	}
+}
+
+// conn is one client connection, so a test controls which requests share a
+// kept-alive connection, as a balancer's pool does.
+type conn struct {
+	c  net.Conn
+	br *bufio.Reader
+}
+
+func dial(t *testing.T, addr string) *conn {
+	t.Helper()
+	c, err := net.Dial("tcp", addr)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = c.Close() })
+	return &conn{c: c, br: bufio.NewReader(c)}
+}
+
+type answer struct {
+	status int
+	close  bool
+	body   string
+}
+
+func (c *conn) get(path string) (answer, error) {
+	return c.do(http.MethodGet, path)
+}
+
+func (c *conn) do(method, path string) (answer, error) {
+	req, err := http.NewRequest(method, "http://backend"+path, nil)
+	if err != nil {
+		return answer{}, fmt.Errorf("building request: %w", err)
+	}
+	if err := c.c.SetDeadline(time.Now().Add(wait)); err != nil {
+		return answer{}, fmt.Errorf("setting deadline: %w", err)
+	}
+	if err := req.Write(c.c); err != nil {
+		return answer{}, fmt.Errorf("writing %s: %w", path, err)
+	}
+	resp, err := http.ReadResponse(c.br, req)
+	if err != nil {
+		return answer{}, fmt.Errorf("reading response to %s: %w", path, err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return answer{}, fmt.Errorf("reading body of %s: %w", path, err)
+	}
+	return answer{status: resp.StatusCode, close: resp.Close, body: strings.TrimSpace(string(body))}, nil
+}
+
+// closedByServer reports whether the server has closed c: a read sees EOF.
+func (c *conn) closedByServer(t *testing.T) bool {
+	t.Helper()
+	require.NoError(t, c.c.SetReadDeadline(time.Now().Add(wait)))
+	_, err := c.br.ReadByte()
+	return errors.Is(err, io.EOF)
+}
+
+// gate is a handler that holds each request until released, and says when
+// one has arrived: in-flight requests without timing guesses.
+type gate struct {
+	arrived  chan struct{}
+	release  chan struct{}
+	canceled chan struct{}
+}
+
+func newGate() *gate {
+	return &gate{arrived: make(chan struct{}, 8), release: make(chan struct{}), canceled: make(chan struct{}, 8)}
+}
+
+func (g *gate) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	g.arrived <- struct{}{}
+	select {
+	case <-g.release:
+		_, _ = io.WriteString(w, "done")
+	case <-r.Context().Done():
+		g.canceled <- struct{}{}
+	}
+}
+
+// routes is the handler behind the drain in most tests: /work answers at
+// once, /held waits at the gate, anything else is 404.
+func routes(g *gate) http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /work", func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "worked") })
+	mux.Handle("GET /held", g)
+	return mux
+}
+
+// prod is the production drain config: the drain lasts long enough that
+// nothing in a test races its end; tests end it with SkipDrain.
+func prod() drain.Config { return infra.Prod().DrainConfig() }
+
+func TestNewReportsEveryConfigProblem(t *testing.T) {
+	tests := []struct {
+		name    string
+		cfg     drain.Config
+		next    http.Handler
+		wantErr []string
+	}{
+		{"production config is valid", prod(), http.NotFoundHandler(), nil},
+		{"zero config", drain.Config{}, http.NotFoundHandler(), []string{
+			`HealthPath "" must start with /`, "HealthyStatus 0 must be a 2xx status",
+			"Drain 0s must be positive", "ShutdownTimeout 0s must be positive", "KeepAlive 0s must be positive",
+		}},
+		{"health status outside 2xx", func() drain.Config { c := prod(); c.HealthyStatus = 503; return c }(),
+			http.NotFoundHandler(), []string{"HealthyStatus 503 must be a 2xx status"}},
+		{"nil handler", prod(), nil, []string{"nil handler"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			srv, err := drain.New(tt.cfg, tt.next)
+			if tt.wantErr == nil {
+				require.NoError(t, err)
+				assert.Equal(t, drain.Serving, srv.Phase())
+				return
+			}
+			require.Error(t, err)
+			assert.Nil(t, srv)
+			for _, want := range tt.wantErr {
+				assert.Contains(t, err.Error(), want)
+			}
+		})
+	}
+}
+
+func TestServingAnswersHealthAndRoutes(t *testing.T) {
+	t.Parallel()
+	r := start(t, prod(), routes(newGate()))
+	c := dial(t, r.addr)
+	tests := []struct {
+		method, path string
+		want         answer
+	}{
+		{http.MethodGet, infra.HealthPath, answer{status: infra.HealthyStatus, body: "ok"}},
+		{http.MethodHead, infra.HealthPath, answer{status: infra.HealthyStatus}},
+		{http.MethodPost, infra.HealthPath, answer{status: http.StatusMethodNotAllowed, body: "method not allowed"}},
+		{http.MethodGet, "/work", answer{status: http.StatusOK, body: "worked"}},
+		{http.MethodGet, "/nowhere", answer{status: http.StatusNotFound, body: "404 page not found"}},
+	}
+	for _, tt := range tests {
+		// All on one connection: while serving, nothing closes it.
+		got, err := c.do(tt.method, tt.path)
+		require.NoError(t, err, "%s %s", tt.method, tt.path)
+		assert.Equal(t, tt.want, got, "%s %s", tt.method, tt.path)
+	}
+	assert.Equal(t, drain.Serving, r.srv.Phase())
+}
+
+func TestDrainingFailsHealthButServesWork(t *testing.T) {
+	t.Parallel()
+	r := start(t, prod(), routes(newGate()))
+
+	// Connections the balancer has pooled before the drain starts.
+	kept := map[string]*conn{}
+	for _, path := range []string{infra.HealthPath, "/work"} {
+		c := dial(t, r.addr)
+		got, err := c.get("/work")
+		require.NoError(t, err)
+		require.Equal(t, answer{status: http.StatusOK, body: "worked"}, got)
+		kept[path] = c
+	}
+
+	r.srv.StartDrain()
+	waitFor(t, r.srv.Entered(drain.Draining), "draining")
+	require.Equal(t, drain.Draining, r.srv.Phase())
+
+	tests := []struct {
+		name string
+		conn func() *conn
+		path string
+		want answer
+	}{
+		{"health on a kept-alive connection", func() *conn { return kept[infra.HealthPath] }, infra.HealthPath,
+			answer{status: http.StatusServiceUnavailable, close: true, body: "draining"}},
+		{"work on a kept-alive connection", func() *conn { return kept["/work"] }, "/work",
+			answer{status: http.StatusOK, close: true, body: "worked"}},
+		{"health on a new connection", func() *conn { return dial(t, r.addr) }, infra.HealthPath,
+			answer{status: http.StatusServiceUnavailable, close: true, body: "draining"}},
+		{"work on a new connection", func() *conn { return dial(t, r.addr) }, "/work",
+			answer{status: http.StatusOK, close: true, body: "worked"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c := tt.conn()
+			got, err := c.get(tt.path)
+			require.NoError(t, err)
+			assert.Equal(t, tt.want, got)
+			// Connection: close is kept: the balancer's connection moves
+			// away now, not when the listener closes under it.
+			assert.True(t, c.closedByServer(t), "connection still open after a draining response")
+		})
+	}
+	assert.Equal(t, drain.Draining, r.srv.Phase(), "the drain must still be running: its end is not what closed the connections")
+}
+
+func TestResponseStartedBeforeDrainClosesItsConnection(t *testing.T) {
+	t.Parallel()
+	g := newGate()
+	r := start(t, prod(), routes(g))
+	c := dial(t, r.addr)
+	got := make(chan answer, 1)
+	go func() {
+		a, err := c.get("/held")
+		assert.NoError(t, err)
+		got <- a
+	}()
+	waitFor(t, g.arrived, "request at the gate")
+
+	r.srv.StartDrain()
+	waitFor(t, r.srv.Entered(drain.Draining), "draining")
+	close(g.release)
+
+	assert.Equal(t, answer{status: http.StatusOK, close: true, body: "done"}, <-got)
+	assert.True(t, c.closedByServer(t))
+}
+
+func TestDrainLastsItsConfiguredTimeThenRefusesConnections(t *testing.T) {
+	t.Parallel()
+	timing := infra.Prod().Scaled(0.1)
+	r := start(t, timing.DrainConfig(), routes(newGate()))
+
+	r.srv.StartDrain()
+	waitFor(t, r.srv.Entered(drain.ShuttingDown), "shutting down")
+
+	// What the balancer sees after the drain: nothing listens.
+	_, err := net.Dial("tcp", r.addr)
+	require.Error(t, err)
+	assert.ErrorIs(t, err, syscall.ECONNREFUSED)
+
+	waitFor(t, r.srv.Entered(drain.Stopped), "stopped")
+	require.NoError(t, <-r.served)
+
+	changes := r.phaseChanges()
+	var order []drain.Phase
+	for _, pc := range changes {
+		order = append(order, pc.To)
+	}
+	require.Equal(t, []drain.Phase{drain.Draining, drain.ShuttingDown, drain.Stopped}, order)
+	assert.Equal(t, drain.ReasonCalled, changes[0].Reason)
+
+	drained := r.change(t, drain.ShuttingDown)
+	assert.Equal(t, drain.ReasonDrainElapsed, drained.Reason)
+	assert.GreaterOrEqual(t, drained.Lasted, timing.Drain, "the drain ended early: the balancer may still be routing here")
+	// Measured, not raced: the bound only catches a drain that runs on.
+	assert.Less(t, drained.Lasted, timing.Drain+timing.ShutdownTimeout)
+
+	stopped := r.change(t, drain.Stopped)
+	assert.Equal(t, drain.ReasonAllFinished, stopped.Reason)
+	assert.Less(t, stopped.Lasted, timing.ShutdownTimeout, "nothing was in flight, yet shutdown used its whole timeout")
+
+	// Each phase change is logged with how long the phase before it lasted.
+	for _, p := range []drain.Phase{drain.Draining, drain.ShuttingDown, drain.Stopped} {
+		recs := r.logs.records(t, "phase "+p.String())
+		require.Len(t, recs, 1, "log of phase %s", p)
+		assert.NotEmpty(t, recs[0]["lasted"], "phase %s", p)
+		assert.NotEmpty(t, recs[0]["reason"], "phase %s", p)
+	}
+	d, err := time.ParseDuration(r.logs.records(t, "phase shutting-down")[0]["lasted"].(string))
+	require.NoError(t, err)
+	assert.GreaterOrEqual(t, d, timing.Drain)
+}
+
+func TestInFlightRequestFinishesAfterListenerCloses(t *testing.T) {
+	t.Parallel()
+	g := newGate()
+	r := start(t, prod(), routes(g))
+	c := dial(t, r.addr)
+	got := make(chan answer, 1)
+	go func() {
+		a, err := c.get("/held")
+		assert.NoError(t, err)
+		got <- a
+	}()
+	waitFor(t, g.arrived, "request at the gate")
+
+	r.srv.SkipDrain()
+	waitFor(t, r.srv.Entered(drain.ShuttingDown), "shutting down")
+	_, err := net.Dial("tcp", r.addr)
+	require.ErrorIs(t, err, syscall.ECONNREFUSED, "the listener must be closed while the request is in flight")
+	assert.Equal(t, drain.ReasonSkipCalled, r.change(t, drain.ShuttingDown).Reason)
+	select {
+	case <-r.srv.Entered(drain.Stopped):
+		require.FailNow(t, "stopped with a request in flight")
+	default:
+	}
+
+	close(g.release)
+	assert.Equal(t, answer{status: http.StatusOK, close: true, body: "done"}, <-got)
+	waitFor(t, r.srv.Entered(drain.Stopped), "stopped")
+	require.NoError(t, <-r.served)
+	assert.Equal(t, drain.ReasonAllFinished, r.change(t, drain.Stopped).Reason)
+	assert.Empty(t, r.logs.records(t, "request cut at shutdown timeout"))
+}
+
+func TestRequestSlowerThanShutdownTimeoutIsCutAndLogged(t *testing.T) {
+	t.Parallel()
+	timing := infra.Prod().Scaled(0.1)
+	g := newGate()
+	r := start(t, timing.DrainConfig(), routes(g))
+	c := dial(t, r.addr)
+	failed := make(chan error, 1)
+	go func() {
+		_, err := c.get("/held?secret=1")
+		failed <- err
+	}()
+	waitFor(t, g.arrived, "request at the gate")
+
+	r.srv.SkipDrain()
+	waitFor(t, r.srv.Entered(drain.Stopped), "stopped")
+	require.NoError(t, <-r.served, "a cut is logged, not an error")
+
+	// The balancer sees the connection close with no answer: a 502.
+	err := <-failed
+	require.Error(t, err)
+	assert.ErrorIs(t, err, io.ErrUnexpectedEOF)
+	// The handler is told, so it stops working for nobody.
+	waitFor(t, g.canceled, "handler context canceled")
+
+	stopped := r.change(t, drain.Stopped)
+	assert.Equal(t, drain.ReasonDeadline, stopped.Reason)
+	assert.GreaterOrEqual(t, stopped.Lasted, timing.ShutdownTimeout)
+
+	cuts := r.logs.records(t, "request cut at shutdown timeout")
+	require.Len(t, cuts, 1)
+	assert.Equal(t, "GET", cuts[0]["method"])
+	assert.Equal(t, "/held", cuts[0]["path"], "the path is logged without its query")
+	assert.Equal(t, "WARN", cuts[0]["level"])
+	running, err := time.ParseDuration(cuts[0]["running"].(string))
+	require.NoError(t, err)
+	assert.GreaterOrEqual(t, running, timing.ShutdownTimeout)
+	assert.InDelta(t, 1, r.logs.records(t, "phase stopped")[0]["cut"], 0)
+}
+
+func TestKeepAliveIdleTimeoutIsTheContracts(t *testing.T) {
+	t.Parallel()
+	t.Run("in force", func(t *testing.T) {
+		srv, err := drain.New(prod(), http.NotFoundHandler())
+		require.NoError(t, err)
+		assert.Equal(t, infra.Prod().AppKeepAlive, srv.IdleTimeout())
+	})
+	t.Run("measured", func(t *testing.T) {
+		// Scaled so an idle connection times out in under a second.
+		timing := infra.Prod().Scaled(0.01)
+		r := start(t, timing.DrainConfig(), routes(newGate()))
+		c := dial(t, r.addr)
+		_, err := c.get("/work")
+		require.NoError(t, err)
+		idleFrom := time.Now()
+		require.True(t, c.closedByServer(t))
+		idle := time.Since(idleFrom)
+		// The server arms its idle timer just before the client reads the
+		// response, so the measured idle time can fall short of it by a hair.
+		assert.Greater(t, idle, timing.LBIdleTimeout, "the app closed an idle connection before the balancer would")
+		assert.GreaterOrEqual(t, idle, timing.AppKeepAlive-timing.AppKeepAlive/20)
+		assert.Less(t, idle, timing.AppKeepAlive+time.Second)
+	})
+}
+
+func TestNotReadyAndDrainingAreLoggedApart(t *testing.T) {
+	t.Parallel()
+	var mu sync.Mutex
+	var readyErr error
+	setReady := func(err error) {
+		mu.Lock()
+		defer mu.Unlock()
+		readyErr = err
+	}
+	ready := func(context.Context) error {
+		mu.Lock()
+		defer mu.Unlock()
+		return readyErr
+	}
+	r := start(t, prod(), routes(newGate()), drain.WithReady(ready))
+	c := dial(t, r.addr)
+
+	steps := []struct {
+		name     string
+		readyErr error
+		drain    bool
+		want     answer
+	}{
+		{"ready", nil, false, answer{status: infra.HealthyStatus, body: "ok"}},
+		{"dependency down", errors.New("database unreachable"), false, answer{status: http.StatusServiceUnavailable, body: "not ready"}},
+		{"still down", errors.New("database unreachable"), false, answer{status: http.StatusServiceUnavailable, body: "not ready"}},
+		{"back", nil, false, answer{status: infra.HealthyStatus, body: "ok"}},
+		{"draining", nil, true, answer{status: http.StatusServiceUnavailable, close: true, body: "draining"}},
+	}
+	for _, s := range steps {
+		setReady(s.readyErr)
+		if s.drain {
+			r.srv.StartDrain()
+			waitFor(t, r.srv.Entered(drain.Draining), "draining")
+		}
+		got, err := c.get(infra.HealthPath)
+		require.NoError(t, err, s.name)
+		assert.Equal(t, s.want, got, s.name)
+		// Work is served whatever health says.
+		if !s.drain {
+			w, err := c.get("/work")
+			require.NoError(t, err, s.name)
+			assert.Equal(t, http.StatusOK, w.status, s.name)
+		}
+	}
+
+	notReady := r.logs.records(t, "not ready: health answers 503")
+	require.Len(t, notReady, 1, "logged when readiness changes, not on every check")
+	assert.Equal(t, "database unreachable", notReady[0]["err"])
+	assert.Equal(t, "not ready", notReady[0]["reason"])
+	assert.Len(t, r.logs.records(t, "ready again: health answers OK"), 1)
+	draining := r.logs.records(t, "phase draining")
+	require.Len(t, draining, 1)
+	assert.EqualValues(t, http.StatusServiceUnavailable, draining[0]["health"])
+
+	var reasons []any
+	for _, rec := range r.logs.records(t, "health answered 503") {
+		reasons = append(reasons, rec["reason"])
+	}
+	assert.Equal(t, []any{"not ready", "not ready", "draining"}, reasons)
+}
+
+func TestRunDrainsWhenContextEnds(t *testing.T) {
+	t.Parallel()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	srv, err := drain.New(prod(), routes(newGate()), drain.WithLogger(slog.New(slog.DiscardHandler)))
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	ran := make(chan error, 1)
+	go func() { ran <- srv.Run(ctx, ln) }()
+
+	c := dial(t, ln.Addr().String())
+	got, err := c.get(infra.HealthPath)
+	require.NoError(t, err)
+	require.Equal(t, infra.HealthyStatus, got.status)
+
+	cancel()
+	waitFor(t, srv.Entered(drain.Draining), "draining after the context ended")
+	got, err = dial(t, ln.Addr().String()).get(infra.HealthPath)
+	require.NoError(t, err)
+	assert.Equal(t, http.StatusServiceUnavailable, got.status)
+
+	srv.SkipDrain()
+	select {
+	case err := <-ran:
+		assert.NoError(t, err)
+	case <-time.After(wait):
+		require.FailNow(t, "Run did not return after the drain")
+	}
+	assert.Equal(t, drain.Stopped, srv.Phase())
+}
+
+func TestServeOnlyOnce(t *testing.T) {
+	t.Parallel()
+	r := start(t, prod(), routes(newGate()))
+	// An answer proves the first Serve is running.
+	_, err := dial(t, r.addr).get(infra.HealthPath)
+	require.NoError(t, err)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer ln.Close()
+	assert.ErrorContains(t, r.srv.Serve(ln), "Serve called twice")
+}
+
+func TestPhaseNames(t *testing.T) {
+	tests := []struct {
+		p    drain.Phase
+		want string
+	}{
+		{drain.Serving, "serving"},
+		{drain.Draining, "draining"},
+		{drain.ShuttingDown, "shutting-down"},
+		{drain.Stopped, "stopped"},
+		{drain.Phase(9), "phase(9)"},
+	}
+	for _, tt := range tests {
+		assert.Equal(t, tt.want, tt.p.String())
+	}
+}
