@@ -353,12 +353,19 @@ func (c Config) runProfile(ctx context.Context, p Profile, id, dir string, img *
 
 func (c Config) newServers(p Profile, id, dir, release string) ([]*server, error) {
 	var servers []*server
+	used := map[int]bool{}
 	for i := 1; i <= c.Servers; i++ {
 		name := fmt.Sprintf("s%d", i)
+		// Nothing listens on a server's port until its first deploy, so a
+		// second FreePort could hand out the same one.
 		port, err := FreePort()
+		for err == nil && used[port] {
+			port, err = FreePort()
+		}
 		if err != nil {
 			return nil, err
 		}
+		used[port] = true
 		root := filepath.Join(dir, name)
 		if err := os.MkdirAll(root, 0o755); err != nil {
 			return nil, fmt.Errorf("server dir: %w", err)
