@@ -197,37 +197,50 @@ container_ids() {
     --filter "label=com.docker.compose.oneoff=False"
 }
 
-# container_state prints "<status> <health> <exit code>" of a container;
-# health is "none" when it has no health check.
-container_state() {
-  docker inspect --format \
-    '{{.State.Status}} {{if .State.Health}}{{.State.Health.Status}}{{else}}none{{end}} {{.State.ExitCode}}' \
-    "$1"
+# snapshot prints "<service> <id> <status> <health> <exit code>" for every
+# container of the project, from one docker ps and one docker inspect; health
+# is "none" when a container has no health check.
+snapshot() {
+  local ids
+  ids="$(docker ps -a -q --no-trunc \
+    --filter "label=com.docker.compose.project=$MYTHEX_PROJECT" \
+    --filter "label=com.docker.compose.oneoff=False")"
+  [[ -n "$ids" ]] || return 0
+  # jq, not a --format template: a container that never started has no
+  # Health key, which templates refuse.
+  # shellcheck disable=SC2086 # one id per word
+  docker inspect $ids 2>/dev/null | jq -r '.[] | [.Config.Labels["com.docker.compose.service"],
+    .Id, .State.Status, (.State.Health.Status // "none"), (.State.ExitCode | tostring)] | join(" ")' || true
 }
 
-# service_problem prints why a service is not running and healthy, or
-# nothing when it is.
-service_problem() {
-  local svc="$1" ids state status health code
-  ids="$(container_ids "$svc")"
-  if [[ -z "$ids" ]]; then
-    echo "no container"
-    return
-  fi
-  if (($(wc -l <<<"$ids") > 1)); then
-    echo "$(wc -l <<<"$ids") containers, expected one"
-    return
-  fi
-  if ! state="$(container_state "$ids" 2>/dev/null)"; then
-    echo "container $ids vanished"
-    return
-  fi
-  read -r status health code <<<"$state"
-  if [[ "$status" != running ]]; then
-    echo "container not running (state $status, exit code $code)"
-  elif [[ "$health" != healthy ]]; then
-    echo "container health is $health"
-  fi
+# service_problems prints "<service> <why>" for each service named in its
+# arguments that is not one running, healthy container.
+service_problems() {
+  local snap svc name status health code n found
+  snap="$(snapshot)"
+  for svc in "$@"; do
+    n=0
+    found=""
+    while read -r name _ status health code; do
+      if [[ "$name" == "$svc" ]]; then
+        n=$((n + 1))
+        found="$status $health $code"
+      fi
+    done <<<"$snap"
+    if ((n == 0)); then
+      echo "$svc no container"
+      continue
+    elif ((n > 1)); then
+      echo "$svc $n containers, expected one"
+      continue
+    fi
+    read -r status health code <<<"$found"
+    if [[ "$status" != running ]]; then
+      echo "$svc container not running (state $status, exit code $code)"
+    elif [[ "$health" != healthy ]]; then
+      echo "$svc container health is $health"
+    fi
+  done
 }
 
 # write_atomic replaces $1 with stdin in one rename, from a temp file in
