@@ -73,6 +73,10 @@ type LoadConfig struct {
 	// RequestTimeout bounds one request; a request that outlives it is a
 	// client error.
 	RequestTimeout time.Duration
+	// IdleTimeout closes a connection idle this long. Keep it below the
+	// balancer's idle timeout, so the client, not the balancer, closes an
+	// idle connection, and no request races a balancer closing it.
+	IdleTimeout time.Duration
 	// MaxRequests and MaxDuration bound the run: it stops at whichever comes
 	// first, even if nobody calls Stop.
 	MaxRequests int64
@@ -98,6 +102,9 @@ func (c LoadConfig) Validate() error {
 	}
 	if c.RequestTimeout <= 0 {
 		errs = append(errs, fieldErr("RequestTimeout", "%v must be positive", c.RequestTimeout))
+	}
+	if c.IdleTimeout <= 0 {
+		errs = append(errs, fieldErr("IdleTimeout", "%v must be positive", c.IdleTimeout))
 	}
 	if c.MaxRequests <= 0 {
 		errs = append(errs, fieldErr("MaxRequests", "%d must be positive", c.MaxRequests))
@@ -158,7 +165,7 @@ func StartLoad(ctx context.Context, cfg LoadConfig) (*Load, error) {
 		DialContext:         (&net.Dialer{Timeout: cfg.RequestTimeout}).DialContext,
 		MaxIdleConnsPerHost: conns,
 		MaxIdleConns:        conns * len(cfg.Targets),
-		IdleConnTimeout:     cfg.MaxDuration,
+		IdleConnTimeout:     cfg.IdleTimeout,
 		DisableCompression:  true,
 	}
 	// Stop and MaxDuration end the pacing; requests already sent run to

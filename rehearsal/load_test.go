@@ -56,6 +56,7 @@ func TestLoadClassifiesEveryResponse(t *testing.T) {
 		Path:           "/work",
 		Rate:           200,
 		RequestTimeout: 5 * time.Second,
+		IdleTimeout:    time.Minute,
 		MaxRequests:    perTarget * int64(len(targets)),
 		MaxDuration:    time.Minute,
 	})
@@ -93,7 +94,7 @@ func TestLoadReusesConnections(t *testing.T) {
 	const n = 100
 	l, err := StartLoad(context.Background(), LoadConfig{
 		Targets: []string{s.URL}, Path: "/about", Rate: 200,
-		RequestTimeout: 5 * time.Second, MaxRequests: n, MaxDuration: time.Minute,
+		RequestTimeout: 5 * time.Second, IdleTimeout: time.Minute, MaxRequests: n, MaxDuration: time.Minute,
 	})
 	require.NoError(t, err)
 	<-l.Done()
@@ -109,7 +110,7 @@ func TestLoadStopsAtMaxDuration(t *testing.T) {
 	s, _ := statusServer(t, 200)
 	l, err := StartLoad(context.Background(), LoadConfig{
 		Targets: []string{s.URL}, Path: "/work", Rate: 50,
-		RequestTimeout: time.Second, MaxRequests: 1 << 40, MaxDuration: 200 * time.Millisecond,
+		RequestTimeout: time.Second, IdleTimeout: time.Minute, MaxRequests: 1 << 40, MaxDuration: 200 * time.Millisecond,
 	})
 	require.NoError(t, err)
 	select {
@@ -135,7 +136,7 @@ func TestLoadFinishesInFlightRequestsOnStop(t *testing.T) {
 	t.Cleanup(s.Close)
 	l, err := StartLoad(context.Background(), LoadConfig{
 		Targets: []string{s.URL}, Path: "/work", Rate: 100,
-		RequestTimeout: time.Minute, MaxRequests: 1, MaxDuration: time.Minute,
+		RequestTimeout: time.Minute, IdleTimeout: time.Minute, MaxRequests: 1, MaxDuration: time.Minute,
 	})
 	require.NoError(t, err)
 	<-started
@@ -149,7 +150,7 @@ func TestLoadFinishesInFlightRequestsOnStop(t *testing.T) {
 func TestLoadConfigValidate(t *testing.T) {
 	good := LoadConfig{
 		Targets: []string{"http://127.0.0.1:8080"}, Path: "/work", Rate: 1,
-		RequestTimeout: time.Second, MaxRequests: 1, MaxDuration: time.Second,
+		RequestTimeout: time.Second, IdleTimeout: time.Second, MaxRequests: 1, MaxDuration: time.Second,
 	}
 	tests := []struct {
 		name    string
@@ -162,7 +163,7 @@ func TestLoadConfigValidate(t *testing.T) {
 		{"https", func(c *LoadConfig) { c.Targets = []string{"https://127.0.0.1:443"} }, []string{"https://127.0.0.1:443"}},
 		{"no targets", func(c *LoadConfig) { c.Targets = nil }, []string{"Targets is empty"}},
 		{"everything wrong at once", func(c *LoadConfig) { *c = LoadConfig{Path: "work"} }, []string{
-			"Targets is empty", `Path "work"`, "Rate 0", "RequestTimeout 0s", "MaxRequests 0", "MaxDuration 0s",
+			"Targets is empty", `Path "work"`, "Rate 0", "RequestTimeout 0s", "IdleTimeout 0s", "MaxRequests 0", "MaxDuration 0s",
 		}},
 	}
 	for _, tt := range tests {
