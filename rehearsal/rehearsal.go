@@ -331,8 +331,8 @@ func (c Config) runProfile(ctx context.Context, p Profile, id, dir string, img *
 		// timeout, from the client's side: the balancer must never close a
 		// connection the client is about to reuse.
 		IdleTimeout: t.LBIdleTimeout / 2,
-		MaxRequests:    int64(bound.Seconds()*float64(c.Rate)) + 1,
-		MaxDuration:    bound,
+		MaxRequests: int64(bound.Seconds()*float64(c.Rate)) + 1,
+		MaxDuration: bound,
 	})
 	if err != nil {
 		return pr, err
