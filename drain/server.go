@@ -375,6 +375,10 @@ func (s *Server) enter(to Phase, since time.Time, reason string, attrs ...any) t
 	return now
 }
 
+// InFlight is how many requests, the health route's aside, are being
+// handled right now.
+func (s *Server) InFlight() int { return s.inFlightCount() }
+
 func (s *Server) inFlightCount() int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
