@@ -168,6 +168,16 @@ func WriteDiff(w io.Writer, oldSide, newSide Side) error {
 	if len(margins) > 0 {
 		p("**%d margin(s) changed:** %s.\n", len(margins), strings.Join(margins, ", "))
 	}
+	// A formula can change with no value changing; it shows here.
+	var derivedChanges []string
+	for _, r := range derived {
+		if c := change(r); c != "" {
+			derivedChanges = append(derivedChanges, fmt.Sprintf("`%s()` %s → %s", r.name, r.old, r.new))
+		}
+	}
+	if len(derivedChanges) > 0 {
+		p("**%d derived value(s) changed:** %s.\n", len(derivedChanges), strings.Join(derivedChanges, ", "))
+	}
 	p("\n%s\n%s\n", brokenSummary(o), brokenSummary(n))
 
 	p("\n#### Invariants (this build's rules applied to both sides)\n\n")

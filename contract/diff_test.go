@@ -68,7 +68,7 @@ func TestWriteDiff(t *testing.T) {
 				"Broken at `head`: none.",
 				"| `Drain` | " + d(prod.Drain) + " | " + d(prod.Drain) + " |  |",
 			},
-			wantNot: []string{"(changed)", "**changed**", "BROKEN", "n/a"},
+			wantNot: []string{"(changed)", "**changed**", "value(s) changed", "margin(s) changed", "BROKEN", "n/a"},
 		},
 		{
 			name: "drain fixed: value, derived value and margin changed, old side broken",
@@ -76,6 +76,7 @@ func TestWriteDiff(t *testing.T) {
 			new:  side("head", prod, nil),
 			want: []string{
 				"**1 value(s) changed:** `Drain` " + d(bad.Drain) + " → " + d(prod.Drain) + ".",
+				"`DrainMargin()` " + d(bad.DrainMargin()) + " → " + d(prod.DrainMargin()),
 				"`drain-outlasts-detection` " + d(bad.DrainMargin()) + " → " + d(prod.DrainMargin()),
 				"**Broken at `base`: `drain-outlasts-detection`.**",
 				"Broken at `head`: none.",
@@ -86,6 +87,21 @@ func TestWriteDiff(t *testing.T) {
 				"#### Broken at `base`\n\n- `drain-outlasts-detection`: " + bad.Violations()[0].Msg,
 			},
 			wantNot: []string{"Broken at `head`\n"},
+		},
+		{
+			name: "a formula changed, no value did",
+			old: side("base", prod, func(s *contract.Snapshot) {
+				for i, v := range s.Derived {
+					if v.Name == "WorstCaseDetection" {
+						s.Derived[i].Int += int64(time.Second)
+					}
+				}
+			}),
+			new: side("head", prod, nil),
+			want: []string{
+				"No timing value changed.",
+				"**1 derived value(s) changed:** `WorstCaseDetection()` " + d(prod.WorstCaseDetection()+time.Second) + " → " + d(prod.WorstCaseDetection()) + ".",
+			},
 		},
 		{
 			name: "drain broken by the change: called out at the new side",
