@@ -93,7 +93,8 @@ const (
 // Server serves HTTP and, when asked to stop, drains: it fails its health
 // check while still serving real traffic until the balancer has stopped
 // sending any, then closes its listener and lets in-flight requests finish.
-// A Server serves once.
+// A Server serves once. A handler that hijacks its connection (a WebSocket)
+// owns it: the shutdown neither waits for it nor closes it.
 type Server struct {
 	cfg   Config
 	next  http.Handler

@@ -391,6 +391,7 @@ func TestInFlightRequestFinishesAfterListenerCloses(t *testing.T) {
 		got <- a
 	}()
 	waitFor(t, g.arrived, "request at the gate")
+	assert.Equal(t, 1, r.srv.InFlight())
 
 	r.srv.SkipDrain()
 	waitFor(t, r.srv.Entered(drain.ShuttingDown), "shutting down")
@@ -407,6 +408,7 @@ func TestInFlightRequestFinishesAfterListenerCloses(t *testing.T) {
 	assert.Equal(t, answer{status: http.StatusOK, close: true, body: "done"}, <-got)
 	waitFor(t, r.srv.Entered(drain.Stopped), "stopped")
 	require.NoError(t, <-r.served)
+	assert.Equal(t, 0, r.srv.InFlight())
 	assert.Equal(t, drain.ReasonAllFinished, r.change(t, drain.Stopped).Reason)
 	assert.Empty(t, r.logs.records(t, "request cut at shutdown timeout"))
 }
