@@ -95,27 +95,28 @@ func Prod() Timing {
 		// The ALB's minimum. Detection time grows with it, and detection is
 		// what the drain has to outlast.
 		HealthCheckInterval: 5 * time.Second,
-		// The health endpoint answers from memory in microseconds; 3 s rides
-		// out a GC pause or a busy node without a false failure, and keeps
-		// worst-case detection at 13 s, inside the 15 s drain.
+		// The health endpoint answers from memory in microseconds; three
+		// seconds ride out a GC pause or a busy node without a false failure
+		// and still keep WorstCaseDetection inside the drain.
 		HealthCheckTimeout: 3 * time.Second,
 		// The ALB's minimum: out of rotation after two failed checks, so one
 		// dropped check never takes a healthy target out.
 		UnhealthyThreshold: 2,
-		// The ALB's minimum: a new server takes traffic 10 s after it is up,
-		// a cost a rolling deploy pays once per server; one lucky check never
+		// The ALB's minimum: Reentry, which a rolling deploy pays once per
+		// server, stays as short as AWS allows; still, one lucky check never
 		// lets a flapping target back in.
 		HealthyThreshold: 2,
 		// ALB nodes check each target independently and apply a verdict a
 		// moment after reaching it; the drain must outlast the slowest node's
-		// worst case by at least a second.
+		// worst case by this much.
 		NodeSkew: 1 * time.Second,
 
-		// Outlasts worst-case detection (13 s) by 2 s, so the balancer has
-		// provably stopped sending traffic before the listener closes.
+		// Outlasts WorstCaseDetection by more than NodeSkew, so every balancer
+		// node has provably stopped sending traffic before the listener
+		// closes (the article's fix: it used to be five seconds).
 		Drain: 15 * time.Second,
-		// Mythex API requests finish in well under a second; 10 s lets a slow
-		// one finish instead of being cut.
+		// Mythex API requests finish in well under a second; ten seconds let
+		// a slow one finish instead of being cut.
 		ShutdownTimeout: 10 * time.Second,
 		// Time to flush logs and exit after the last request, so a clean
 		// shutdown is never mistaken for a kill (exit 0, not 137).
@@ -124,8 +125,9 @@ func Prod() Timing {
 		// Docker engine API takes.
 		StopGracePeriod: 30 * time.Second,
 		// Covers ShutdownTimeout, so the balancer never cuts a request the app
-		// is still allowed to finish; far below the AWS default of 300 s, which
-		// would stall every target removal for five minutes.
+		// is still allowed to finish; equal to StopGracePeriod, because past
+		// it Docker has killed the process anyway. Far below the AWS default of
+		// five minutes, which would stall every target removal.
 		DeregistrationDelay: 30 * time.Second,
 
 		// The ALB default; no Mythex request streams longer than this idle.
@@ -141,18 +143,19 @@ func Prod() Timing {
 		// The services start in about a second; a minute covers a cold disk
 		// and image layer setup with room to spare.
 		StartTimeout: 60 * time.Second,
-		// Outlasts the longest a watchdog restart holds the lock (stop grace +
-		// start timeout = 90 s), so a deploy arriving mid-restart waits it out
+		// Outlasts the longest a watchdog restart holds the lock
+		// (DeployDowntime), so a deploy arriving mid-restart waits it out
 		// instead of failing; a stuck holder still fails the job in minutes.
 		LockWait: 2 * time.Minute,
 
 		// Once a minute: a crashed process at 3 a.m. is back within minutes.
 		WatchdogInterval: 1 * time.Minute,
 		// Four strikes (the article): a service must fail for three whole
-		// intervals (180 s) before it is restarted, longer than any planned
-		// downtime (150 s).
+		// intervals (WatchdogTolerance) before it is restarted, longer than
+		// any planned downtime; one strike used to fight every deploy.
 		WatchdogStrikes: 4,
-		// The article: a deploy drains services for up to 150 s.
+		// The article's longest planned drain of a service during a deploy;
+		// our own deploy needs at most DeployDowntime of it.
 		MaxPlannedDowntime: 150 * time.Second,
 	}
 }
