@@ -1,12 +1,10 @@
 package drain_test
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
-	"fmt"
 	"io"
 	"log/slog"
 	"net"
@@ -19,6 +17,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/mythex/infra/drain/draintest"
 
 	"github.com/mythex/infra/drain"
 	"github.com/mythex/infra/infra"
@@ -118,62 +118,6 @@ func waitFor(t *testing.T, ch <-chan struct{}, what string) {
 	}
 }
 
-// conn is one client connection, so a test controls which requests share a
-// kept-alive connection, as a balancer's pool does.
-type conn struct {
-	c  net.Conn
-	br *bufio.Reader
-}
-
-func dial(t *testing.T, addr string) *conn {
-	t.Helper()
-	c, err := net.Dial("tcp", addr)
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = c.Close() })
-	return &conn{c: c, br: bufio.NewReader(c)}
-}
-
-type answer struct {
-	status int
-	close  bool
-	body   string
-}
-
-func (c *conn) get(path string) (answer, error) {
-	return c.do(http.MethodGet, path)
-}
-
-func (c *conn) do(method, path string) (answer, error) {
-	req, err := http.NewRequest(method, "http://backend"+path, nil)
-	if err != nil {
-		return answer{}, fmt.Errorf("building request: %w", err)
-	}
-	if err := c.c.SetDeadline(time.Now().Add(wait)); err != nil {
-		return answer{}, fmt.Errorf("setting deadline: %w", err)
-	}
-	if err := req.Write(c.c); err != nil {
-		return answer{}, fmt.Errorf("writing %s: %w", path, err)
-	}
-	resp, err := http.ReadResponse(c.br, req)
-	if err != nil {
-		return answer{}, fmt.Errorf("reading response to %s: %w", path, err)
-	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(resp.Body)
-	if err != nil {
-		return answer{}, fmt.Errorf("reading body of %s: %w", path, err)
-	}
-	return answer{status: resp.StatusCode, close: resp.Close, body: strings.TrimSpace(string(body))}, nil
-}
-
-// closedByServer reports whether the server has closed c: a read sees EOF.
-func (c *conn) closedByServer(t *testing.T) bool {
-	t.Helper()
-	require.NoError(t, c.c.SetReadDeadline(time.Now().Add(wait)))
-	_, err := c.br.ReadByte()
-	return errors.Is(err, io.EOF)
-}
-
 // gate is a handler that holds each request until released, and says when
 // one has arrived: in-flight requests without timing guesses.
 type gate struct {
@@ -248,17 +192,17 @@ func TestServingAnswersHealthAndRoutes(t *testing.T) {
 	c := dial(t, r.addr)
 	tests := []struct {
 		method, path string
-		want         answer
+		want         draintest.Answer
 	}{
-		{http.MethodGet, infra.HealthPath, answer{status: infra.HealthyStatus, body: "ok"}},
-		{http.MethodHead, infra.HealthPath, answer{status: infra.HealthyStatus}},
-		{http.MethodPost, infra.HealthPath, answer{status: http.StatusMethodNotAllowed, body: "method not allowed"}},
-		{http.MethodGet, "/work", answer{status: http.StatusOK, body: "worked"}},
-		{http.MethodGet, "/nowhere", answer{status: http.StatusNotFound, body: "404 page not found"}},
+		{http.MethodGet, infra.HealthPath, draintest.Answer{Status: infra.HealthyStatus, Body: "ok"}},
+		{http.MethodHead, infra.HealthPath, draintest.Answer{Status: infra.HealthyStatus}},
+		{http.MethodPost, infra.HealthPath, draintest.Answer{Status: http.StatusMethodNotAllowed, Body: "method not allowed"}},
+		{http.MethodGet, "/work", draintest.Answer{Status: http.StatusOK, Body: "worked"}},
+		{http.MethodGet, "/nowhere", draintest.Answer{Status: http.StatusNotFound, Body: "404 page not found"}},
 	}
 	for _, tt := range tests {
 		// All on one connection: while serving, nothing closes it.
-		got, err := c.do(tt.method, tt.path)
+		got, err := c.Do(tt.method, tt.path)
 		require.NoError(t, err, "%s %s", tt.method, tt.path)
 		assert.Equal(t, tt.want, got, "%s %s", tt.method, tt.path)
 	}
@@ -270,12 +214,12 @@ func TestDrainingFailsHealthButServesWork(t *testing.T) {
 	r := start(t, prod(), routes(newGate()))
 
 	// Connections the balancer has pooled before the drain starts.
-	kept := map[string]*conn{}
+	kept := map[string]*draintest.Conn{}
 	for _, path := range []string{infra.HealthPath, "/work"} {
 		c := dial(t, r.addr)
-		got, err := c.get("/work")
+		got, err := c.Get("/work")
 		require.NoError(t, err)
-		require.Equal(t, answer{status: http.StatusOK, body: "worked"}, got)
+		require.Equal(t, draintest.Answer{Status: http.StatusOK, Body: "worked"}, got)
 		kept[path] = c
 	}
 
@@ -285,28 +229,28 @@ func TestDrainingFailsHealthButServesWork(t *testing.T) {
 
 	tests := []struct {
 		name string
-		conn func() *conn
+		conn func() *draintest.Conn
 		path string
-		want answer
+		want draintest.Answer
 	}{
-		{"health on a kept-alive connection", func() *conn { return kept[infra.HealthPath] }, infra.HealthPath,
-			answer{status: http.StatusServiceUnavailable, close: true, body: "draining"}},
-		{"work on a kept-alive connection", func() *conn { return kept["/work"] }, "/work",
-			answer{status: http.StatusOK, close: true, body: "worked"}},
-		{"health on a new connection", func() *conn { return dial(t, r.addr) }, infra.HealthPath,
-			answer{status: http.StatusServiceUnavailable, close: true, body: "draining"}},
-		{"work on a new connection", func() *conn { return dial(t, r.addr) }, "/work",
-			answer{status: http.StatusOK, close: true, body: "worked"}},
+		{"health on a kept-alive connection", func() *draintest.Conn { return kept[infra.HealthPath] }, infra.HealthPath,
+			draintest.Answer{Status: http.StatusServiceUnavailable, Close: true, Body: "draining"}},
+		{"work on a kept-alive connection", func() *draintest.Conn { return kept["/work"] }, "/work",
+			draintest.Answer{Status: http.StatusOK, Close: true, Body: "worked"}},
+		{"health on a new connection", func() *draintest.Conn { return dial(t, r.addr) }, infra.HealthPath,
+			draintest.Answer{Status: http.StatusServiceUnavailable, Close: true, Body: "draining"}},
+		{"work on a new connection", func() *draintest.Conn { return dial(t, r.addr) }, "/work",
+			draintest.Answer{Status: http.StatusOK, Close: true, Body: "worked"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			c := tt.conn()
-			got, err := c.get(tt.path)
+			got, err := c.Get(tt.path)
 			require.NoError(t, err)
 			assert.Equal(t, tt.want, got)
 			// Connection: close is kept: the balancer's connection moves
 			// away now, not when the listener closes under it.
-			assert.True(t, c.closedByServer(t), "connection still open after a draining response")
+			assert.True(t, closedByServer(t, c), "connection still open after a draining response")
 		})
 	}
 	assert.Equal(t, drain.Draining, r.srv.Phase(), "the drain must still be running: its end is not what closed the connections")
@@ -317,9 +261,9 @@ func TestResponseStartedBeforeDrainClosesItsConnection(t *testing.T) {
 	g := newGate()
 	r := start(t, prod(), routes(g))
 	c := dial(t, r.addr)
-	got := make(chan answer, 1)
+	got := make(chan draintest.Answer, 1)
 	go func() {
-		a, err := c.get("/held")
+		a, err := c.Get("/held")
 		assert.NoError(t, err)
 		got <- a
 	}()
@@ -329,8 +273,8 @@ func TestResponseStartedBeforeDrainClosesItsConnection(t *testing.T) {
 	waitFor(t, r.srv.Entered(drain.Draining), "draining")
 	close(g.release)
 
-	assert.Equal(t, answer{status: http.StatusOK, close: true, body: "done"}, <-got)
-	assert.True(t, c.closedByServer(t))
+	assert.Equal(t, draintest.Answer{Status: http.StatusOK, Close: true, Body: "done"}, <-got)
+	assert.True(t, closedByServer(t, c))
 }
 
 func TestDrainLastsItsConfiguredTimeThenRefusesConnections(t *testing.T) {
@@ -384,9 +328,9 @@ func TestInFlightRequestFinishesAfterListenerCloses(t *testing.T) {
 	g := newGate()
 	r := start(t, prod(), routes(g))
 	c := dial(t, r.addr)
-	got := make(chan answer, 1)
+	got := make(chan draintest.Answer, 1)
 	go func() {
-		a, err := c.get("/held")
+		a, err := c.Get("/held")
 		assert.NoError(t, err)
 		got <- a
 	}()
@@ -405,7 +349,7 @@ func TestInFlightRequestFinishesAfterListenerCloses(t *testing.T) {
 	}
 
 	close(g.release)
-	assert.Equal(t, answer{status: http.StatusOK, close: true, body: "done"}, <-got)
+	assert.Equal(t, draintest.Answer{Status: http.StatusOK, Close: true, Body: "done"}, <-got)
 	waitFor(t, r.srv.Entered(drain.Stopped), "stopped")
 	require.NoError(t, <-r.served)
 	assert.Equal(t, 0, r.srv.InFlight())
@@ -421,7 +365,7 @@ func TestRequestSlowerThanShutdownTimeoutIsCutAndLogged(t *testing.T) {
 	c := dial(t, r.addr)
 	failed := make(chan error, 1)
 	go func() {
-		_, err := c.get("/held?secret=1")
+		_, err := c.Get("/held?secret=1")
 		failed <- err
 	}()
 	waitFor(t, g.arrived, "request at the gate")
@@ -430,7 +374,7 @@ func TestRequestSlowerThanShutdownTimeoutIsCutAndLogged(t *testing.T) {
 	waitFor(t, r.srv.Entered(drain.Stopped), "stopped")
 	require.NoError(t, <-r.served, "a cut is logged, not an error")
 
-	// The balancer sees the connection close with no answer: a 502.
+	// The balancer sees the connection close with no draintest.Answer: a 502.
 	err := <-failed
 	require.Error(t, err)
 	assert.ErrorIs(t, err, io.ErrUnexpectedEOF)
@@ -464,10 +408,10 @@ func TestKeepAliveIdleTimeoutIsTheContracts(t *testing.T) {
 		timing := infra.Prod().Scaled(0.01)
 		r := start(t, timing.DrainConfig(), routes(newGate()))
 		c := dial(t, r.addr)
-		_, err := c.get("/work")
+		_, err := c.Get("/work")
 		require.NoError(t, err)
 		idleFrom := time.Now()
-		require.True(t, c.closedByServer(t))
+		require.True(t, closedByServer(t, c))
 		idle := time.Since(idleFrom)
 		// The server arms its idle timer just before the client reads the
 		// response, so the measured idle time can fall short of it by a hair.
@@ -498,13 +442,13 @@ func TestNotReadyAndDrainingAreLoggedApart(t *testing.T) {
 		name     string
 		readyErr error
 		drain    bool
-		want     answer
+		want     draintest.Answer
 	}{
-		{"ready", nil, false, answer{status: infra.HealthyStatus, body: "ok"}},
-		{"dependency down", errors.New("database unreachable"), false, answer{status: http.StatusServiceUnavailable, body: "not ready"}},
-		{"still down", errors.New("database unreachable"), false, answer{status: http.StatusServiceUnavailable, body: "not ready"}},
-		{"back", nil, false, answer{status: infra.HealthyStatus, body: "ok"}},
-		{"draining", nil, true, answer{status: http.StatusServiceUnavailable, close: true, body: "draining"}},
+		{"ready", nil, false, draintest.Answer{Status: infra.HealthyStatus, Body: "ok"}},
+		{"dependency down", errors.New("database unreachable"), false, draintest.Answer{Status: http.StatusServiceUnavailable, Body: "not ready"}},
+		{"still down", errors.New("database unreachable"), false, draintest.Answer{Status: http.StatusServiceUnavailable, Body: "not ready"}},
+		{"back", nil, false, draintest.Answer{Status: infra.HealthyStatus, Body: "ok"}},
+		{"draining", nil, true, draintest.Answer{Status: http.StatusServiceUnavailable, Close: true, Body: "draining"}},
 	}
 	for _, s := range steps {
 		setReady(s.readyErr)
@@ -512,14 +456,14 @@ func TestNotReadyAndDrainingAreLoggedApart(t *testing.T) {
 			r.srv.StartDrain()
 			waitFor(t, r.srv.Entered(drain.Draining), "draining")
 		}
-		got, err := c.get(infra.HealthPath)
+		got, err := c.Get(infra.HealthPath)
 		require.NoError(t, err, s.name)
 		assert.Equal(t, s.want, got, s.name)
 		// Work is served whatever health says.
 		if !s.drain {
-			w, err := c.get("/work")
+			w, err := c.Get("/work")
 			require.NoError(t, err, s.name)
-			assert.Equal(t, http.StatusOK, w.status, s.name)
+			assert.Equal(t, http.StatusOK, w.Status, s.name)
 		}
 	}
 
@@ -550,15 +494,15 @@ func TestRunDrainsWhenContextEnds(t *testing.T) {
 	go func() { ran <- srv.Run(ctx, ln) }()
 
 	c := dial(t, ln.Addr().String())
-	got, err := c.get(infra.HealthPath)
+	got, err := c.Get(infra.HealthPath)
 	require.NoError(t, err)
-	require.Equal(t, infra.HealthyStatus, got.status)
+	require.Equal(t, infra.HealthyStatus, got.Status)
 
 	cancel()
 	waitFor(t, srv.Entered(drain.Draining), "draining after the context ended")
-	got, err = dial(t, ln.Addr().String()).get(infra.HealthPath)
+	got, err = dial(t, ln.Addr().String()).Get(infra.HealthPath)
 	require.NoError(t, err)
-	assert.Equal(t, http.StatusServiceUnavailable, got.status)
+	assert.Equal(t, http.StatusServiceUnavailable, got.Status)
 
 	srv.SkipDrain()
 	select {
@@ -573,8 +517,8 @@ func TestRunDrainsWhenContextEnds(t *testing.T) {
 func TestServeOnlyOnce(t *testing.T) {
 	t.Parallel()
 	r := start(t, prod(), routes(newGate()))
-	// An answer proves the first Serve is running.
-	_, err := dial(t, r.addr).get(infra.HealthPath)
+	// An draintest.Answer proves the first Serve is running.
+	_, err := dial(t, r.addr).Get(infra.HealthPath)
 	require.NoError(t, err)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
@@ -596,4 +540,20 @@ func TestPhaseNames(t *testing.T) {
 	for _, tt := range tests {
 		assert.Equal(t, tt.want, tt.p.String())
 	}
+}
+
+func dial(t *testing.T, addr string) *draintest.Conn {
+	t.Helper()
+	c, err := draintest.Dial(addr, wait)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = c.Close() })
+	return c
+}
+
+// closedByServer reports whether the server has closed c: a read sees EOF.
+func closedByServer(t *testing.T, c *draintest.Conn) bool {
+	t.Helper()
+	closed, err := c.ClosedByServer()
+	require.NoError(t, err)
+	return closed
 }

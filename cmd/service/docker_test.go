@@ -88,9 +88,9 @@ func TestImageDrainsOnDockerStop(t *testing.T) {
 	require.Equal(t, "127.0.0.1", host, "published on loopback only")
 	a, err := fetch(addr, "/about")
 	require.NoError(t, err)
-	require.Equal(t, http.StatusOK, a.status)
+	require.Equal(t, http.StatusOK, a.Status)
 	var about map[string]any
-	require.NoError(t, json.Unmarshal([]byte(a.body), &about))
+	require.NoError(t, json.Unmarshal([]byte(a.Body), &about))
 	assert.Equal(t, "publish-worker", about["role"])
 	assert.Equal(t, "v-image", about["version"])
 	assert.Equal(t, "serving", about["phase"])

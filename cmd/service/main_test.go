@@ -21,6 +21,8 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/mythex/infra/drain/draintest"
+
 	"github.com/mythex/infra/infra"
 )
 
@@ -172,58 +174,14 @@ func logDuration(t *testing.T, rec map[string]any, key string) time.Duration {
 	return d
 }
 
-type answer struct {
-	status int
-	close  bool
-	body   string
-}
-
-// conn is one client connection, so a test controls keep-alive as a
-// balancer's connection pool does.
-type conn struct {
-	c  net.Conn
-	br *bufio.Reader
-}
-
-func dial(t *testing.T, addr string) *conn {
-	t.Helper()
-	c, err := net.Dial("tcp", addr)
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = c.Close() })
-	return &conn{c: c, br: bufio.NewReader(c)}
-}
-
-func (c *conn) get(path string) (answer, error) {
-	req, err := http.NewRequest(http.MethodGet, "http://service"+path, nil)
-	if err != nil {
-		return answer{}, fmt.Errorf("building request: %w", err)
-	}
-	if err := c.c.SetDeadline(time.Now().Add(wait)); err != nil {
-		return answer{}, fmt.Errorf("setting deadline: %w", err)
-	}
-	if err := req.Write(c.c); err != nil {
-		return answer{}, fmt.Errorf("writing %s: %w", path, err)
-	}
-	resp, err := http.ReadResponse(c.br, req)
-	if err != nil {
-		return answer{}, fmt.Errorf("reading response to %s: %w", path, err)
-	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(resp.Body)
-	if err != nil {
-		return answer{}, fmt.Errorf("reading body of %s: %w", path, err)
-	}
-	return answer{status: resp.StatusCode, close: resp.Close, body: strings.TrimSpace(string(body))}, nil
-}
-
 // fetch asks path on a new connection; safe off the test goroutine.
-func fetch(addr, path string) (answer, error) {
-	c, err := net.Dial("tcp", addr)
+func fetch(addr, path string) (draintest.Answer, error) {
+	c, err := draintest.Dial(addr, wait)
 	if err != nil {
-		return answer{}, fmt.Errorf("dial %s: %w", addr, err)
+		return draintest.Answer{}, err
 	}
 	defer c.Close()
-	return (&conn{c: c, br: bufio.NewReader(c)}).get(path)
+	return c.Get(path)
 }
 
 // inFlight polls /about until exactly n other requests are in flight: a
@@ -238,17 +196,17 @@ func inFlight(addr string, n int) func() bool {
 		var about struct {
 			InFlight int `json:"in_flight"`
 		}
-		return json.Unmarshal([]byte(a.body), &about) == nil && about.InFlight == n
+		return json.Unmarshal([]byte(a.Body), &about) == nil && about.InFlight == n
 	}
 }
 
 func getJSON(t *testing.T, addr, path string) (int, map[string]any) {
 	t.Helper()
-	a, err := dial(t, addr).get(path)
+	a, err := dial(t, addr).Get(path)
 	require.NoError(t, err, path)
 	var v map[string]any
-	require.NoError(t, json.Unmarshal([]byte(a.body), &v), "%s answered %q", path, a.body)
-	return a.status, v
+	require.NoError(t, json.Unmarshal([]byte(a.Body), &v), "%s answered %q", path, a.Body)
+	return a.Status, v
 }
 
 func ms(d time.Duration) string { return strconv.FormatInt(d.Milliseconds(), 10) }
@@ -326,9 +284,9 @@ func TestEveryRoleServesItsRoutes(t *testing.T) {
 				"/":              http.StatusNotFound,
 				"/admin":         http.StatusNotFound,
 			} {
-				a, err := dial(t, p.addr).get(path)
+				a, err := dial(t, p.addr).Get(path)
 				require.NoError(t, err, path)
-				assert.Equal(t, want, a.status, path)
+				assert.Equal(t, want, a.Status, path)
 			}
 
 			p.signal(t, syscall.SIGTERM)
@@ -345,30 +303,30 @@ func TestSIGTERMDrainsThenExitsZero(t *testing.T) {
 	p := startService(t, env("api", timing))
 
 	kept := dial(t, p.addr)
-	a, err := kept.get("/work")
+	a, err := kept.Get("/work")
 	require.NoError(t, err)
-	require.Equal(t, http.StatusOK, a.status)
-	require.False(t, a.close, "keep-alive while serving")
+	require.Equal(t, http.StatusOK, a.Status)
+	require.False(t, a.Close, "keep-alive while serving")
 
 	sigterm := time.Now()
 	p.signal(t, syscall.SIGTERM)
 	p.waitLog(t, "phase draining")
 
-	health, err := dial(t, p.addr).get(infra.HealthPath)
+	health, err := dial(t, p.addr).Get(infra.HealthPath)
 	require.NoError(t, err)
-	assert.Equal(t, http.StatusServiceUnavailable, health.status, "health on a new connection")
-	assert.Equal(t, "draining", health.body)
-	work, err := kept.get("/work")
+	assert.Equal(t, http.StatusServiceUnavailable, health.Status, "health on a new connection")
+	assert.Equal(t, "draining", health.Body)
+	work, err := kept.Get("/work")
 	require.NoError(t, err)
-	assert.Equal(t, http.StatusOK, work.status, "work on a kept-alive connection")
-	assert.True(t, work.close, "a draining response closes its connection")
-	work, err = dial(t, p.addr).get("/work")
+	assert.Equal(t, http.StatusOK, work.Status, "work on a kept-alive connection")
+	assert.True(t, work.Close, "a draining response closes its connection")
+	work, err = dial(t, p.addr).Get("/work")
 	require.NoError(t, err)
-	assert.Equal(t, http.StatusOK, work.status, "work on a new connection")
+	assert.Equal(t, http.StatusOK, work.Status, "work on a new connection")
 
 	// In flight across the listener closing: it ends halfway through the
 	// shutdown timeout.
-	answered := make(chan answer, 1)
+	answered := make(chan draintest.Answer, 1)
 	go func() {
 		a, err := fetch(p.addr, "/work?ms="+ms(timing.Drain+timing.ShutdownTimeout/2))
 		assert.NoError(t, err)
@@ -384,7 +342,7 @@ func TestSIGTERMDrainsThenExitsZero(t *testing.T) {
 
 	select {
 	case a := <-answered:
-		assert.Equal(t, http.StatusOK, a.status, "the in-flight request completes")
+		assert.Equal(t, http.StatusOK, a.Status, "the in-flight request completes")
 	case <-time.After(wait):
 		require.FailNow(t, "in-flight request never answered")
 	}
@@ -429,7 +387,7 @@ func TestRequestSlowerThanShutdownTimeoutIsCut(t *testing.T) {
 	assert.Equal(t, 0, code, "a cut is logged, not a failure")
 	assert.GreaterOrEqual(t, elapsed, timing.ShutdownDeadline())
 	assert.Less(t, elapsed, timing.ShutdownDeadline()+timing.KillMargin, "exit took %v", elapsed)
-	assert.ErrorIs(t, <-cut, io.ErrUnexpectedEOF, "the cut request gets no answer")
+	assert.ErrorIs(t, <-cut, io.ErrUnexpectedEOF, "the cut request gets no draintest.Answer")
 
 	cuts := records(logs, "request cut at shutdown timeout")
 	require.Len(t, cuts, 1, "log: %v", logs)
@@ -453,7 +411,7 @@ func TestSecondSIGTERMSkipsTheRestOfTheDrain(t *testing.T) {
 	p.signal(t, syscall.SIGTERM)
 	p.waitLog(t, "phase draining")
 
-	answered := make(chan answer, 1)
+	answered := make(chan draintest.Answer, 1)
 	go func() {
 		a, err := fetch(p.addr, "/work?ms="+ms(timing.ShutdownTimeout/2))
 		assert.NoError(t, err)
@@ -473,7 +431,7 @@ func TestSecondSIGTERMSkipsTheRestOfTheDrain(t *testing.T) {
 
 	select {
 	case a := <-answered:
-		assert.Equal(t, http.StatusOK, a.status, "a second SIGTERM does not cut requests")
+		assert.Equal(t, http.StatusOK, a.Status, "a second SIGTERM does not cut requests")
 	case <-time.After(wait):
 		require.FailNow(t, "in-flight request never answered")
 	}
@@ -489,15 +447,15 @@ func TestIdleKeepAliveIsTheContracts(t *testing.T) {
 	timing := infra.Prod().Scaled(0.01)
 	p := startService(t, env("publish-worker", timing))
 	c := dial(t, p.addr)
-	a, err := c.get("/work")
+	a, err := c.Get("/work")
 	require.NoError(t, err)
-	require.False(t, a.close)
+	require.False(t, a.Close)
 
 	idleFrom := time.Now()
-	require.NoError(t, c.c.SetReadDeadline(time.Now().Add(wait)))
-	_, err = c.br.ReadByte()
+	closed, err := c.ClosedByServer()
 	idle := time.Since(idleFrom)
-	require.ErrorIs(t, err, io.EOF, "the service must close the idle connection")
+	require.NoError(t, err)
+	require.True(t, closed, "the service must close the idle connection")
 	assert.Greater(t, idle, timing.LBIdleTimeout, "closed before the balancer's idle timeout: a 502 in production")
 	assert.GreaterOrEqual(t, idle, timing.AppKeepAlive-timing.AppKeepAlive/20)
 	assert.Less(t, idle, timing.AppKeepAlive+time.Second)
@@ -568,4 +526,12 @@ func TestCheck(t *testing.T) {
 	assert.Equal(t, 0, code)
 	code, _ = draining.exit(t)
 	assert.Equal(t, 0, code)
+}
+
+func dial(t *testing.T, addr string) *draintest.Conn {
+	t.Helper()
+	c, err := draintest.Dial(addr, wait)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = c.Close() })
+	return c
 }
