@@ -190,7 +190,7 @@ func WriteDiff(w io.Writer, oldSide, newSide Side) error {
 		}
 		need := "n/a"
 		if n.has(r.Fields) {
-			need = r.NeedText(n.t)
+			need = NeedText(r, n.t)
 		}
 		p("| `%s`%s | %s vs %s | %s | %s | %s | %s | %s |\n", r.Rule, mark, r.Left.Name, r.Right.Name,
 			o.margin(r), n.margin(r), need, o.status(r), n.status(r))

@@ -59,8 +59,9 @@ func TestEveryRuleIsShown(t *testing.T) {
 	}
 }
 
-// TestRelationsAgreeWithViolations proves each margin says what infra's rule
-// says, at the boundary too, and names the same fields.
+// TestRelationsAgreeWithViolations proves that Violations reports exactly the
+// relations whose margin falls short, at the boundary too, each naming the
+// fields its relation declares.
 func TestRelationsAgreeWithViolations(t *testing.T) {
 	type seenAs struct{ holds, broken, boundary int }
 	seen := map[infra.Rule]*seenAs{}
@@ -78,7 +79,7 @@ func TestRelationsAgreeWithViolations(t *testing.T) {
 				}
 			}
 			require.Equalf(t, !broken, r.Holds(tm), "%s: margin says holds=%v but Violations says broken=%v for %+v (%s)",
-				r.Rule, r.Holds(tm), broken, tm, r.Line(tm))
+				r.Rule, r.Holds(tm), broken, tm, contract.Line(r, tm))
 			s := seen[r.Rule]
 			if broken {
 				s.broken++
@@ -158,7 +159,7 @@ func TestRelationLine(t *testing.T) {
 		" vs WorstCaseDetection " + contract.FormatDuration(tm.WorstCaseDetection()) +
 		": margin " + contract.FormatDuration(tm.DrainMargin()) +
 		" (needs ≥ NodeSkew " + contract.FormatDuration(tm.NodeSkew) + ")"
-	assert.Equal(t, want, r.Line(tm))
+	assert.Equal(t, want, contract.Line(r, tm))
 }
 
 func TestFormatDuration(t *testing.T) {

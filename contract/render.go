@@ -118,7 +118,7 @@ func WriteText(w io.Writer, t infra.Timing, src *Source) error {
 		}
 		line := "no margin defined for this rule"
 		if s.Relation != nil {
-			line = s.Relation.Line(t)
+			line = Line(*s.Relation, t)
 		}
 		p("  %-6s  %-32s %s\n", s.word(), s.Rule, line)
 		for _, msg := range s.Broken {
@@ -228,7 +228,7 @@ func WriteMarkdown(w io.Writer, t infra.Timing, src *Source) error {
 		r := s.Relation
 		p("| `%s` | %s %s vs %s %s | %s | %s | %s |\n", s.Rule,
 			r.Left.Name, FormatDuration(r.Left.Value(t)), r.Right.Name, FormatDuration(r.Right.Value(t)),
-			FormatDuration(r.Margin(t)), r.NeedText(t), statusCell(s))
+			FormatDuration(r.Margin(t)), NeedText(*r, t), statusCell(s))
 	}
 	p("\nLimits on single values (AWS's API ranges, whole seconds, positive): ")
 	var limitsBroken []string

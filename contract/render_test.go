@@ -54,7 +54,7 @@ func TestWriteTextShowsEveryValueReasonAndMargin(t *testing.T) {
 		assert.Regexp(t, `(?m)^  `+name+` +\S+ `, out)
 	}
 	for _, r := range contract.Relations {
-		assert.Regexp(t, `(?m)^  holds +`+string(r.Rule)+` +`+regexp.QuoteMeta(r.Line(tm))+`$`, out)
+		assert.Regexp(t, `(?m)^  holds +`+string(r.Rule)+` +`+regexp.QuoteMeta(contract.Line(r, tm))+`$`, out)
 	}
 	assert.Contains(t, out, "GET "+infra.HealthPath+", healthy = "+strconv.Itoa(infra.HealthyStatus))
 	assert.Contains(t, out, "Valid: every rule holds.")

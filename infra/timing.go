@@ -425,65 +425,182 @@ func (t Timing) limitViolations() []Violation {
 
 func (t Timing) invariantViolations() []Violation {
 	var vs []Violation
-	add := func(r Rule, fields []string, format string, args ...any) {
-		vs = append(vs, Violation{r, fields, fmt.Sprintf(format, args...)})
-	}
-	if t.HealthCheckTimeout >= t.HealthCheckInterval {
-		add(RuleTimeoutBelowInt, []string{"HealthCheckTimeout", "HealthCheckInterval"},
-			"HealthCheckTimeout %v must be below HealthCheckInterval %v (the ALB refuses otherwise)",
-			t.HealthCheckTimeout, t.HealthCheckInterval)
-	}
-	if t.DrainMargin() < t.NodeSkew {
-		add(RuleDrainOutlasts, []string{"Drain", "HealthCheckInterval", "UnhealthyThreshold", "HealthCheckTimeout", "NodeSkew"},
-			"Drain %v must exceed worst-case detection %v (HealthCheckInterval %v × UnhealthyThreshold %d + HealthCheckTimeout %v) by at least NodeSkew %v; margin is %v",
-			t.Drain, t.WorstCaseDetection(), t.HealthCheckInterval, t.UnhealthyThreshold, t.HealthCheckTimeout, t.NodeSkew, t.DrainMargin())
-	}
-	if t.KillSlack() < t.KillMargin {
-		add(RuleFitsGrace, []string{"Drain", "ShutdownTimeout", "KillMargin", "StopGracePeriod"},
-			"Drain %v + ShutdownTimeout %v + KillMargin %v = %v must fit inside StopGracePeriod %v, or Docker kills the process mid-shutdown",
-			t.Drain, t.ShutdownTimeout, t.KillMargin, t.ShutdownDeadline()+t.KillMargin, t.StopGracePeriod)
-	}
-	if t.Reentry() > t.ReentryBound() {
-		add(RuleReentryShort, []string{"HealthyThreshold", "HealthCheckInterval", "Drain"},
-			"re-entry %v (HealthyThreshold %d × HealthCheckInterval %v) must not exceed Drain %v: a server must come back no slower than it leaves",
-			t.Reentry(), t.HealthyThreshold, t.HealthCheckInterval, t.ReentryBound())
-	}
-	if t.AppKeepAlive <= t.LBIdleTimeout {
-		add(RuleKeepAlive, []string{"AppKeepAlive", "LBIdleTimeout"},
-			"AppKeepAlive %v must exceed LBIdleTimeout %v, or the balancer reuses a connection the app has just closed (a 502)",
-			t.AppKeepAlive, t.LBIdleTimeout)
-	}
-	if t.WatchdogTolerance() <= t.MaxPlannedDowntime {
-		add(RuleWatchdogTolerates, []string{"WatchdogStrikes", "WatchdogInterval", "MaxPlannedDowntime"},
-			"watchdog tolerance %v ((WatchdogStrikes %d − 1) × WatchdogInterval %v) must exceed MaxPlannedDowntime %v, or a planned outage looks like a crash",
-			t.WatchdogTolerance(), t.WatchdogStrikes, t.WatchdogInterval, t.MaxPlannedDowntime)
-	}
-	if t.DeployDowntime() > t.MaxPlannedDowntime {
-		add(RuleDowntimePlanned, []string{"StopGracePeriod", "StartTimeout", "MaxPlannedDowntime"},
-			"StopGracePeriod %v + StartTimeout %v = %v must not exceed MaxPlannedDowntime %v",
-			t.StopGracePeriod, t.StartTimeout, t.DeployDowntime(), t.MaxPlannedDowntime)
-	}
-	if t.DeregistrationDelay < t.ShutdownTimeout {
-		add(RuleDeregCovers, []string{"DeregistrationDelay", "ShutdownTimeout"},
-			"DeregistrationDelay %v must cover ShutdownTimeout %v, or the balancer cuts requests the app would finish",
-			t.DeregistrationDelay, t.ShutdownTimeout)
-	}
-	if t.LockWait < t.DeployDowntime() {
-		add(RuleLockOutlasts, []string{"LockWait", "StopGracePeriod", "StartTimeout"},
-			"LockWait %v must cover a watchdog restart, StopGracePeriod %v + StartTimeout %v = %v",
-			t.LockWait, t.StopGracePeriod, t.StartTimeout, t.DeployDowntime())
-	}
-	if t.ContainerHealthInterval >= t.HealthCheckInterval {
-		add(RuleContainerFaster, []string{"ContainerHealthInterval", "HealthCheckInterval"},
-			"ContainerHealthInterval %v must be below HealthCheckInterval %v, so a deploy sees a container healthy before the balancer does",
-			t.ContainerHealthInterval, t.HealthCheckInterval)
-	}
-	if t.StartTimeout <= t.ContainerHealthInterval {
-		add(RuleStartCovers, []string{"StartTimeout", "ContainerHealthInterval"},
-			"StartTimeout %v must exceed ContainerHealthInterval %v: Docker runs the first health check only after one interval, so no container could ever be seen healthy",
-			t.StartTimeout, t.ContainerHealthInterval)
+	for _, r := range Relations() {
+		if !r.Holds(t) {
+			vs = append(vs, Violation{r.Rule, r.Fields, r.explain(t)})
+		}
 	}
 	return vs
+}
+
+// Term is one side of a relation: a field or a derived value of Timing.
+type Term struct {
+	Name  string
+	Value func(Timing) time.Duration
+}
+
+// Relation is one invariant, written as a margin: Left must exceed Right by
+// at least Need (by more than Need when Strict). Validate checks these, and
+// TIMING.md and `timing diff` show their margins, so a relation is declared
+// once.
+type Relation struct {
+	Rule Rule
+	// Fields are the Timing fields the relation reads.
+	Fields      []string
+	Left, Right Term
+	// Need is the least margin; nil means zero.
+	Need   *Term
+	Strict bool
+	// explain says, with the values, what is wrong when it does not hold.
+	explain func(Timing) string
+}
+
+// Margin is how far Left exceeds Right.
+func (r Relation) Margin(t Timing) time.Duration {
+	return r.Left.Value(t) - r.Right.Value(t)
+}
+
+// NeedValue is the least margin the relation accepts (exclusive when Strict).
+func (r Relation) NeedValue(t Timing) time.Duration {
+	if r.Need == nil {
+		return 0
+	}
+	return r.Need.Value(t)
+}
+
+// Holds reports whether t keeps the relation.
+func (r Relation) Holds(t Timing) bool {
+	if r.Strict {
+		return r.Margin(t) > r.NeedValue(t)
+	}
+	return r.Margin(t) >= r.NeedValue(t)
+}
+
+func field(name string, get func(Timing) time.Duration) Term {
+	return Term{Name: name, Value: get}
+}
+
+// Relations are the invariants between the numbers, in the order Validate
+// reports them.
+func Relations() []Relation {
+	interval := field("HealthCheckInterval", func(t Timing) time.Duration { return t.HealthCheckInterval })
+	timeout := field("HealthCheckTimeout", func(t Timing) time.Duration { return t.HealthCheckTimeout })
+	containerInterval := field("ContainerHealthInterval", func(t Timing) time.Duration { return t.ContainerHealthInterval })
+	plannedDowntime := field("MaxPlannedDowntime", func(t Timing) time.Duration { return t.MaxPlannedDowntime })
+	shutdown := field("ShutdownTimeout", func(t Timing) time.Duration { return t.ShutdownTimeout })
+	deployDowntime := Term{"DeployDowntime", Timing.DeployDowntime}
+	return []Relation{
+		{
+			Rule:   RuleTimeoutBelowInt,
+			Fields: []string{"HealthCheckTimeout", "HealthCheckInterval"},
+			Left:   interval, Right: timeout, Strict: true,
+			explain: func(t Timing) string {
+				return fmt.Sprintf("HealthCheckTimeout %v must be below HealthCheckInterval %v (the ALB refuses otherwise)",
+					t.HealthCheckTimeout, t.HealthCheckInterval)
+			},
+		},
+		{
+			Rule:   RuleDrainOutlasts,
+			Fields: []string{"Drain", "HealthCheckInterval", "UnhealthyThreshold", "HealthCheckTimeout", "NodeSkew"},
+			Left:   field("Drain", func(t Timing) time.Duration { return t.Drain }),
+			Right:  Term{"WorstCaseDetection", Timing.WorstCaseDetection},
+			Need:   &Term{"NodeSkew", func(t Timing) time.Duration { return t.NodeSkew }},
+			explain: func(t Timing) string {
+				return fmt.Sprintf("Drain %v must exceed worst-case detection %v (HealthCheckInterval %v × UnhealthyThreshold %d + HealthCheckTimeout %v) by at least NodeSkew %v; margin is %v",
+					t.Drain, t.WorstCaseDetection(), t.HealthCheckInterval, t.UnhealthyThreshold, t.HealthCheckTimeout, t.NodeSkew, t.DrainMargin())
+			},
+		},
+		{
+			Rule:   RuleFitsGrace,
+			Fields: []string{"Drain", "ShutdownTimeout", "KillMargin", "StopGracePeriod"},
+			Left:   field("StopGracePeriod", func(t Timing) time.Duration { return t.StopGracePeriod }),
+			Right:  Term{"ShutdownDeadline", Timing.ShutdownDeadline},
+			Need:   &Term{"KillMargin", func(t Timing) time.Duration { return t.KillMargin }},
+			explain: func(t Timing) string {
+				return fmt.Sprintf("Drain %v + ShutdownTimeout %v + KillMargin %v = %v must fit inside StopGracePeriod %v, or Docker kills the process mid-shutdown",
+					t.Drain, t.ShutdownTimeout, t.KillMargin, t.ShutdownDeadline()+t.KillMargin, t.StopGracePeriod)
+			},
+		},
+		{
+			Rule:   RuleReentryShort,
+			Fields: []string{"HealthyThreshold", "HealthCheckInterval", "Drain"},
+			Left:   Term{"ReentryBound", Timing.ReentryBound},
+			Right:  Term{"Reentry", Timing.Reentry},
+			explain: func(t Timing) string {
+				return fmt.Sprintf("re-entry %v (HealthyThreshold %d × HealthCheckInterval %v) must not exceed Drain %v: a server must come back no slower than it leaves",
+					t.Reentry(), t.HealthyThreshold, t.HealthCheckInterval, t.ReentryBound())
+			},
+		},
+		{
+			Rule:   RuleKeepAlive,
+			Fields: []string{"AppKeepAlive", "LBIdleTimeout"},
+			Left:   field("AppKeepAlive", func(t Timing) time.Duration { return t.AppKeepAlive }),
+			Right:  field("LBIdleTimeout", func(t Timing) time.Duration { return t.LBIdleTimeout }),
+			Strict: true,
+			explain: func(t Timing) string {
+				return fmt.Sprintf("AppKeepAlive %v must exceed LBIdleTimeout %v, or the balancer reuses a connection the app has just closed (a 502)",
+					t.AppKeepAlive, t.LBIdleTimeout)
+			},
+		},
+		{
+			Rule:   RuleWatchdogTolerates,
+			Fields: []string{"WatchdogStrikes", "WatchdogInterval", "MaxPlannedDowntime"},
+			Left:   Term{"WatchdogTolerance", Timing.WatchdogTolerance},
+			Right:  plannedDowntime, Strict: true,
+			explain: func(t Timing) string {
+				return fmt.Sprintf("watchdog tolerance %v ((WatchdogStrikes %d − 1) × WatchdogInterval %v) must exceed MaxPlannedDowntime %v, or a planned outage looks like a crash",
+					t.WatchdogTolerance(), t.WatchdogStrikes, t.WatchdogInterval, t.MaxPlannedDowntime)
+			},
+		},
+		{
+			Rule:   RuleDowntimePlanned,
+			Fields: []string{"StopGracePeriod", "StartTimeout", "MaxPlannedDowntime"},
+			Left:   plannedDowntime, Right: deployDowntime,
+			explain: func(t Timing) string {
+				return fmt.Sprintf("StopGracePeriod %v + StartTimeout %v = %v must not exceed MaxPlannedDowntime %v",
+					t.StopGracePeriod, t.StartTimeout, t.DeployDowntime(), t.MaxPlannedDowntime)
+			},
+		},
+		{
+			Rule:   RuleDeregCovers,
+			Fields: []string{"DeregistrationDelay", "ShutdownTimeout"},
+			Left:   field("DeregistrationDelay", func(t Timing) time.Duration { return t.DeregistrationDelay }),
+			Right:  shutdown,
+			explain: func(t Timing) string {
+				return fmt.Sprintf("DeregistrationDelay %v must cover ShutdownTimeout %v, or the balancer cuts requests the app would finish",
+					t.DeregistrationDelay, t.ShutdownTimeout)
+			},
+		},
+		{
+			Rule:   RuleLockOutlasts,
+			Fields: []string{"LockWait", "StopGracePeriod", "StartTimeout"},
+			Left:   field("LockWait", func(t Timing) time.Duration { return t.LockWait }),
+			Right:  deployDowntime,
+			explain: func(t Timing) string {
+				return fmt.Sprintf("LockWait %v must cover a watchdog restart, StopGracePeriod %v + StartTimeout %v = %v",
+					t.LockWait, t.StopGracePeriod, t.StartTimeout, t.DeployDowntime())
+			},
+		},
+		{
+			Rule:   RuleContainerFaster,
+			Fields: []string{"ContainerHealthInterval", "HealthCheckInterval"},
+			Left:   interval, Right: containerInterval, Strict: true,
+			explain: func(t Timing) string {
+				return fmt.Sprintf("ContainerHealthInterval %v must be below HealthCheckInterval %v, so a deploy sees a container healthy before the balancer does",
+					t.ContainerHealthInterval, t.HealthCheckInterval)
+			},
+		},
+		{
+			Rule:   RuleStartCovers,
+			Fields: []string{"StartTimeout", "ContainerHealthInterval"},
+			Left:   field("StartTimeout", func(t Timing) time.Duration { return t.StartTimeout }),
+			Right:  containerInterval, Strict: true,
+			explain: func(t Timing) string {
+				return fmt.Sprintf("StartTimeout %v must exceed ContainerHealthInterval %v: Docker runs the first health check only after one interval, so no container could ever be seen healthy",
+					t.StartTimeout, t.ContainerHealthInterval)
+			},
+		},
+	}
 }
 
 // HasRule reports whether err is an *InvalidTimingError that contains rule r.
