@@ -261,13 +261,7 @@ func TestResponseStartedBeforeDrainClosesItsConnection(t *testing.T) {
 	g := newGate()
 	r := start(t, prod(), routes(g))
 	c := dial(t, r.addr)
-	got := make(chan draintest.Answer, 1)
-	go func() {
-		a, err := c.Get("/held")
-		assert.NoError(t, err)
-		got <- a
-	}()
-	waitFor(t, g.arrived, "request at the gate")
+	got := hold(t, c, g)
 
 	r.srv.StartDrain()
 	waitFor(t, r.srv.Entered(drain.Draining), "draining")
@@ -328,13 +322,7 @@ func TestInFlightRequestFinishesAfterListenerCloses(t *testing.T) {
 	g := newGate()
 	r := start(t, prod(), routes(g))
 	c := dial(t, r.addr)
-	got := make(chan draintest.Answer, 1)
-	go func() {
-		a, err := c.Get("/held")
-		assert.NoError(t, err)
-		got <- a
-	}()
-	waitFor(t, g.arrived, "request at the gate")
+	got := hold(t, c, g)
 	assert.Equal(t, 1, r.srv.InFlight())
 
 	r.srv.SkipDrain()
@@ -556,4 +544,18 @@ func closedByServer(t *testing.T, c *draintest.Conn) bool {
 	closed, err := c.ClosedByServer()
 	require.NoError(t, err)
 	return closed
+}
+
+// hold sends GET /held on c and returns once the request is at gate g, so it
+// is in flight; its answer arrives on the channel when g releases it.
+func hold(t *testing.T, c *draintest.Conn, g *gate) <-chan draintest.Answer {
+	t.Helper()
+	got := make(chan draintest.Answer, 1)
+	go func() {
+		a, err := c.Get("/held")
+		assert.NoError(t, err)
+		got <- a
+	}()
+	waitFor(t, g.arrived, "request at the gate")
+	return got
 }
