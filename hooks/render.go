@@ -79,7 +79,8 @@ func checkRenderable(t infra.Timing) error {
 	}{
 		{"StopGracePeriod", t.StopGracePeriod},
 		{"ContainerHealthInterval", t.ContainerHealthInterval},
-		{"HealthCheckTimeout", t.HealthCheckTimeout},
+		{"ContainerHealthTimeout", t.ContainerHealthTimeout},
+		{"Reentry", t.Reentry()},
 		{"StartTimeout", t.StartTimeout},
 		{"LockWait", t.LockWait},
 		{"WatchdogInterval", t.WatchdogInterval},
@@ -146,7 +147,7 @@ func RenderCompose(t infra.Timing) ([]byte, error) {
 		"Shutdown":           t.ShutdownTimeout.String(),
 		"KillMargin":         t.KillSlack().String(),
 		"HealthInterval":     span(t.ContainerHealthInterval),
-		"HealthTimeout":      span(t.HealthCheckTimeout),
+		"HealthTimeout":      span(t.ContainerHealthTimeout),
 		"Retries":            t.UnhealthyThreshold,
 		"DrainEnv":           drainEnv,
 		"ContainerPort":      containerPort,
@@ -189,7 +190,12 @@ func RenderTimingEnv(t infra.Timing) ([]byte, error) {
 		{"MYTHEX_START_TIMEOUT_MS", ms(t.StartTimeout)},
 		{"MYTHEX_STOP_GRACE_PERIOD_MS", ms(t.StopGracePeriod)},
 		{"MYTHEX_CONTAINER_HEALTH_INTERVAL_MS", ms(t.ContainerHealthInterval)},
-		{"MYTHEX_HEALTH_CHECK_TIMEOUT_MS", ms(t.HealthCheckTimeout)},
+		{"MYTHEX_CONTAINER_HEALTH_TIMEOUT_MS", ms(t.ContainerHealthTimeout)},
+		// How long a deploy watches its new containers stay healthy: as
+		// long as the balancer takes to re-admit the server, so a container
+		// that cannot stay up that long fails the deploy, and the wait
+		// overlaps the re-entry the rollout waits for anyway.
+		{"MYTHEX_SETTLE_MS", ms(t.Reentry())},
 		{"MYTHEX_WATCHDOG_INTERVAL_MS", ms(t.WatchdogInterval)},
 		{"MYTHEX_WATCHDOG_STRIKES", strconv.Itoa(t.WatchdogStrikes)},
 		{"MYTHEX_HEALTH_PATH", infra.HealthPath},

@@ -111,9 +111,9 @@ func TestValidateRejects(t *testing.T) {
 		{"container check as slow as the balancer", map[string]any{"ContainerHealthInterval": 5 * time.Second},
 			infra.RuleContainerFaster, []string{"ContainerHealthInterval", "HealthCheckInterval"},
 			"ContainerHealthInterval 5s must be below HealthCheckInterval 5s"},
-		{"start timeout before the first check", map[string]any{"StartTimeout": time.Second},
-			infra.RuleStartCovers, []string{"StartTimeout", "ContainerHealthInterval"},
-			"StartTimeout 1s must exceed ContainerHealthInterval 1s"},
+		{"start timeout before the first check", map[string]any{"StartTimeout": 4 * time.Second},
+			infra.RuleStartCovers, []string{"StartTimeout", "ContainerHealthInterval", "ContainerHealthTimeout"},
+			"StartTimeout 4s must exceed the first container check 4s (ContainerHealthInterval 1s + ContainerHealthTimeout 3s)"},
 		{"timeout equal to interval", map[string]any{"HealthCheckTimeout": 5 * time.Second},
 			infra.RuleTimeoutBelowInt, []string{"HealthCheckTimeout", "HealthCheckInterval"},
 			"HealthCheckTimeout 5s must be below HealthCheckInterval 5s"},
@@ -189,8 +189,10 @@ func TestBoundaries(t *testing.T) {
 		{"lock wait a nanosecond short", map[string]any{"LockWait": p.DeployDowntime() - 1}, infra.RuleLockOutlasts, true},
 		{"container check a nanosecond faster", map[string]any{"ContainerHealthInterval": p.HealthCheckInterval - 1}, infra.RuleContainerFaster, false},
 		{"container check as fast", map[string]any{"ContainerHealthInterval": p.HealthCheckInterval}, infra.RuleContainerFaster, true},
-		{"start a nanosecond past the first check", map[string]any{"StartTimeout": p.ContainerHealthInterval + 1}, infra.RuleStartCovers, false},
-		{"start exactly at the first check", map[string]any{"StartTimeout": p.ContainerHealthInterval}, infra.RuleStartCovers, true},
+		{"start a nanosecond past the first check", map[string]any{"StartTimeout": p.FirstContainerCheck() + 1}, infra.RuleStartCovers, false},
+		{"start exactly at the first check", map[string]any{"StartTimeout": p.FirstContainerCheck()}, infra.RuleStartCovers, true},
+		{"first check a nanosecond inside the start", map[string]any{"ContainerHealthTimeout": p.StartTimeout - p.ContainerHealthInterval - 1}, infra.RuleStartCovers, false},
+		{"first check as long as the start", map[string]any{"ContainerHealthTimeout": p.StartTimeout - p.ContainerHealthInterval}, infra.RuleStartCovers, true},
 		{"timeout a second below interval", map[string]any{"HealthCheckTimeout": p.HealthCheckInterval - time.Second, "Drain": 15 * time.Second}, infra.RuleTimeoutBelowInt, false},
 		{"timeout equal to interval", map[string]any{"HealthCheckTimeout": p.HealthCheckInterval}, infra.RuleTimeoutBelowInt, true},
 	}
@@ -301,6 +303,7 @@ func TestDerived(t *testing.T) {
 		LBIdleTimeout: 40 * time.Second, AppKeepAlive: 45 * time.Second,
 		StartTimeout: 20 * time.Second, LockWait: 3 * time.Minute,
 		WatchdogInterval: 30 * time.Second, WatchdogStrikes: 5,
+		ContainerHealthInterval: 2 * time.Second, ContainerHealthTimeout: 4 * time.Second,
 	}
 	assert.Equal(t, 23*time.Second, tm.WorstCaseDetection(), "7s × 3 + 2s")
 	assert.Equal(t, 7*time.Second, tm.DrainMargin(), "30s − 23s")
@@ -312,6 +315,7 @@ func TestDerived(t *testing.T) {
 	assert.Equal(t, 5*time.Second, tm.KeepAliveMargin(), "45s − 40s")
 	assert.Equal(t, 2*time.Minute, tm.WatchdogTolerance(), "(5 − 1) × 30s")
 	assert.Equal(t, 70*time.Second, tm.DeployDowntime(), "50s + 20s")
+	assert.Equal(t, 6*time.Second, tm.FirstContainerCheck(), "2s + 4s")
 	assert.Equal(t, 58*time.Second, tm.ServerDeployMin(), "30s + 28s")
 	assert.Equal(t, 278*time.Second, tm.ServerDeployMax(), "3m + 70s + 28s")
 }
@@ -328,10 +332,14 @@ func TestScaled(t *testing.T) {
 			v.Field(i).SetInt(3)
 		}
 	}
+	// The one duration that is the host's, not the timeline's.
+	hostBound := map[string]bool{"ContainerHealthTimeout": true}
 	s := reflect.ValueOf(tm.Scaled(0.5))
 	for i := 0; i < s.NumField(); i++ {
 		name := s.Type().Field(i).Name
-		if s.Field(i).Type() == durationType {
+		if hostBound[name] {
+			assert.Equalf(t, int64(3*time.Second), s.Field(i).Int(), "%s is the host's and is kept", name)
+		} else if s.Field(i).Type() == durationType {
 			assert.Equalf(t, int64(1500*time.Millisecond), s.Field(i).Int(), "%s is scaled", name)
 		} else {
 			assert.Equalf(t, int64(3), s.Field(i).Int(), "%s is a count and is kept", name)
@@ -400,8 +408,9 @@ func wrongValues(p infra.Timing) map[string][]any {
 			p.DeregistrationDelay + time.Second/2},
 		"LBIdleTimeout":           {0, -time.Second, p.AppKeepAlive, 4001 * time.Second, p.LBIdleTimeout + time.Second/2},
 		"AppKeepAlive":            {0, -time.Second, p.LBIdleTimeout},
-		"ContainerHealthInterval": {0, -time.Nanosecond, p.HealthCheckInterval, p.StartTimeout},
-		"StartTimeout": {0, -time.Second, p.ContainerHealthInterval, p.MaxPlannedDowntime - p.StopGracePeriod + 1,
+		"ContainerHealthInterval": {0, -time.Nanosecond, p.HealthCheckInterval, p.StartTimeout - p.ContainerHealthTimeout},
+		"ContainerHealthTimeout":  {0, -time.Nanosecond, p.StartTimeout - p.ContainerHealthInterval},
+		"StartTimeout": {0, -time.Second, p.FirstContainerCheck(), p.MaxPlannedDowntime - p.StopGracePeriod + 1,
 			p.LockWait - p.StopGracePeriod + 1},
 		"LockWait":           {0, -time.Second, p.DeployDowntime() - 1},
 		"WatchdogInterval":   {0, -time.Second, p.MaxPlannedDowntime / time.Duration(p.WatchdogStrikes-1)},
@@ -463,6 +472,7 @@ func TestSweepStepsInwardAreValid(t *testing.T) {
 		{"AppKeepAlive", p.LBIdleTimeout + 1},
 		{"DeregistrationDelay", p.ShutdownTimeout},
 		{"ContainerHealthInterval", p.HealthCheckInterval - 1},
+		{"ContainerHealthTimeout", p.StartTimeout - p.ContainerHealthInterval - 1},
 	}
 	for _, tt := range tests {
 		tm := with(t, map[string]any{tt.field: tt.value})
