@@ -182,6 +182,32 @@ func TestDeployNamesEachBrokenService(t *testing.T) {
 	}
 }
 
+// A container that turns unhealthy after it was healthy fails the deploy,
+// even when it is healthy again by the time the deploy verifies it: the
+// deploy reads Docker's health events over its settle window, not one
+// sample. Its neighbours are not named.
+func TestDeployFailsAFlappingService(t *testing.T) {
+	tag := images(t)
+	version := tag + "-flap"
+	for _, role := range Roles {
+		src := ImageName(DefaultImagePrefix, role, tag)
+		if role == "gateway" {
+			src = flappingImage()
+		}
+		tagImage(t, src, ImageName(DefaultImagePrefix, role, version))
+	}
+	s := newServer(t, dockerTiming)
+	res := run(t, s, nil, "deploy", version)
+	require.Equal(t, 1, res.code, "%s", res)
+	assert.Regexp(t, `\n  gateway: container [0-9a-f]{12} turned unhealthy after being healthy`, res.stderr)
+	for _, role := range Roles {
+		if role != "gateway" {
+			assert.NotContains(t, res.stderr, "  "+role+": ", "%s is healthy and must not be named", role)
+		}
+	}
+	assert.NotContains(t, res.stdout, "verified:")
+}
+
 // A grace period shorter than the drain kills the old containers: the
 // deploy sees exit code 137 and fails.
 func TestDeployReportsKilledDrain(t *testing.T) {

@@ -65,11 +65,17 @@ func RemoveImages(ctx context.Context, tag string) error {
 
 // buildService compiles cmd/service statically, so it runs FROM scratch.
 func buildService(ctx context.Context, repoRoot, out string) error {
-	cmd := exec.CommandContext(ctx, "go", "build", "-trimpath", "-o", out, "./cmd/service")
+	return buildStatic(ctx, repoRoot, "./cmd/service", out)
+}
+
+// buildStatic compiles the Go command pkg under repoRoot into a static
+// binary at out.
+func buildStatic(ctx context.Context, repoRoot, pkg, out string) error {
+	cmd := exec.CommandContext(ctx, "go", "build", "-trimpath", "-o", out, pkg)
 	cmd.Dir = repoRoot
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 	if b, err := cmd.CombinedOutput(); err != nil {
-		return fmt.Errorf("build the reference service in %s: %w\n%s", repoRoot, err, b)
+		return fmt.Errorf("build %s in %s: %w\n%s", pkg, repoRoot, err, b)
 	}
 	return nil
 }

@@ -18,6 +18,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/mythex/infra/infra"
+	"github.com/mythex/infra/internal/dockerlock"
 )
 
 // The images every Docker test uses are built once per test binary and
@@ -69,18 +70,23 @@ func requireDocker(t *testing.T) {
 	t.Helper()
 	out, err := exec.Command("docker", "info", "--format", "{{.ServerVersion}}").CombinedOutput()
 	require.NoError(t, err, "these tests need a running Docker engine; docker info said:\n%s", out)
+	dockerlock.Hold(t)
 }
 
 // Faulty images for the deploy's failure tests, built from the same static
 // binary: "unhealthy" serves but its health check cannot run (/service is
-// missing), "broken" cannot start at all.
+// missing), "broken" cannot start at all, and "flapping" serves while its
+// health check passes, fails for a while, then passes for good
+// (hooks/internal/flapcheck).
 const (
 	unhealthyDockerfile = "FROM scratch\nCOPY service /svc\nENTRYPOINT [\"/svc\"]\n"
 	brokenDockerfile    = "FROM scratch\nCOPY service /svc\nENTRYPOINT [\"/service\"]\n"
+	flappingDockerfile  = "FROM scratch\nCOPY service /svc\nCOPY flapcheck /service\nENTRYPOINT [\"/svc\"]\n"
 )
 
 func unhealthyImage() string { return "mythex/hookstest-unhealthy:" + testTag }
 func brokenImage() string    { return "mythex/hookstest-broken:" + testTag }
+func flappingImage() string  { return "mythex/hookstest-flapping:" + testTag }
 
 // images builds the reference service images once and returns their tag.
 func images(t *testing.T) string {
@@ -106,7 +112,10 @@ func images(t *testing.T) string {
 		if imagesErr = buildService(ctx, root, filepath.Join(dir, "service")); imagesErr != nil {
 			return
 		}
-		for image, dockerfile := range map[string]string{unhealthyImage(): unhealthyDockerfile, brokenImage(): brokenDockerfile} {
+		if imagesErr = buildStatic(ctx, root, "./hooks/internal/flapcheck", filepath.Join(dir, "flapcheck")); imagesErr != nil {
+			return
+		}
+		for image, dockerfile := range map[string]string{unhealthyImage(): unhealthyDockerfile, brokenImage(): brokenDockerfile, flappingImage(): flappingDockerfile} {
 			if imagesErr = os.WriteFile(filepath.Join(dir, "Dockerfile"), []byte(dockerfile), 0o644); imagesErr != nil {
 				return
 			}
