@@ -10,6 +10,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/mythex/infra/internal/dockerlock"
 )
 
 // repoRoot is the repository, two levels up from this package.
@@ -30,6 +32,7 @@ func TestRehearsal(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
 	defer cancel()
 	require.NoError(t, CheckDocker(ctx), "this test needs a running Docker engine")
+	dockerlock.Hold(t)
 
 	var progress bytes.Buffer
 	c := Config{

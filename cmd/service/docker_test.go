@@ -19,6 +19,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/mythex/infra/infra"
+	"github.com/mythex/infra/internal/dockerlock"
 )
 
 // containerPort is the port the service listens on inside its container;
@@ -42,6 +43,7 @@ func TestImageDrainsOnDockerStop(t *testing.T) {
 	if _, err := docker(ctx, "info", "--format", "{{.ServerVersion}}"); err != nil {
 		require.FailNow(t, "this test needs a running Docker engine", "%v", err)
 	}
+	dockerlock.Hold(t)
 	timing := infra.Prod().Scaled(0.2)
 
 	// The build context is the static binary and the Dockerfile alone.

@@ -1,0 +1,63 @@
+// Package dockerlock serialises, machine-wide, the test suites that drive
+// the Docker engine.
+//
+// `go test ./...` runs packages side by side. The hooks' tests, the service
+// image test and the rehearsal each start dozens of containers whose health
+// checks Docker runs by exec, and each suite's timeline assumes a host that
+// keeps up: run together on two cores they starve each other's checks and
+// drains, and a healthy container is reported unhealthy. So a suite takes
+// this lock before its first container and keeps it until its test binary
+// exits; the kernel releases it then, even after a crash. Suites on one
+// machine then take turns, whichever clone or checkout they run from.
+package dockerlock
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// Path is the lock file every suite takes, in the machine's temp directory.
+// Like every lock of this project it is never deleted: two processes
+// locking two inodes would both go ahead.
+var Path = filepath.Join(os.TempDir(), "mythex-docker-suites.lock")
+
+var (
+	once    sync.Once
+	holdErr error
+)
+
+// Hold takes the lock for the rest of the test binary's life, waiting for
+// any other suite that holds it; the wait is bounded by go test's own
+// -timeout. It fails tb if the lock cannot be taken at all.
+func Hold(tb testing.TB) {
+	tb.Helper()
+	once.Do(func() { holdErr = take(tb) })
+	if holdErr != nil {
+		tb.Fatalf("the machine-wide Docker test lock: %v", holdErr)
+	}
+}
+
+func take(tb testing.TB) error {
+	// The descriptor stays open until the process exits: that is the hold.
+	f, err := os.OpenFile(Path, os.O_CREATE|os.O_RDWR, 0o666)
+	if err != nil {
+		return fmt.Errorf("open %s: %w", Path, err)
+	}
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err == nil {
+		return nil
+	} else if err != syscall.EWOULDBLOCK {
+		return fmt.Errorf("flock %s: %w", Path, err)
+	}
+	tb.Logf("another test suite drives Docker on this machine; waiting for %s", Path)
+	start := time.Now()
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX); err != nil {
+		return fmt.Errorf("flock %s: %w", Path, err)
+	}
+	tb.Logf("took %s after %v", Path, time.Since(start).Round(time.Millisecond))
+	return nil
+}
