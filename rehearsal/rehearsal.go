@@ -413,7 +413,7 @@ func (c Config) deploy(ctx context.Context, p Profile, id string, d int, servers
 		dr.Problems = append(dr.Problems, err.Error())
 	} else {
 		for _, s := range servers {
-			for _, pr := range c.verifySettled(ctx, s, version, t) {
+			for _, pr := range verify(ctx, s, version, t.ContainerHealthTimeout) {
 				dr.Problems = append(dr.Problems, s.name+": "+pr)
 			}
 		}
@@ -472,26 +472,6 @@ func forEach(servers []*server, f func(*server) error) error {
 	}
 	wg.Wait()
 	return errors.Join(errs...)
-}
-
-// verifySettled verifies s until every check passes or StartTimeout has
-// passed, and returns the last problems. Docker's own health check runs
-// every ContainerHealthInterval and, scaled down, may miss its timeout on a
-// busy machine, marking a serving container unhealthy for a moment; that is
-// logged, and only a server that does not settle is a failed deploy.
-func (c Config) verifySettled(ctx context.Context, s *server, version string, t infra.Timing) []string {
-	start := time.Now()
-	for {
-		problems := verify(ctx, s, version, t.HealthCheckTimeout)
-		if len(problems) == 0 || time.Since(start) >= t.StartTimeout || ctx.Err() != nil {
-			return problems
-		}
-		c.logf("%s: not settled yet after the deploy, checking again: %s", s.name, strings.Join(problems, "; "))
-		select {
-		case <-ctx.Done():
-		case <-time.After(t.ContainerHealthInterval):
-		}
-	}
 }
 
 // verify checks, independently of the deploy hook's own verification, that
@@ -554,7 +534,7 @@ func inspect(ctx context.Context, id string) (containerInfo, error) {
 }
 
 // checkAbout asks a service directly (not through a balancer) who it is,
-// allowing it as long as a health check.
+// allowing it as long as the server allows its own container checks.
 func checkAbout(ctx context.Context, addr, role, version string, timeout time.Duration) string {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
