@@ -150,10 +150,31 @@ func freePort(t *testing.T) int {
 	return l.Addr().(*net.TCPAddr).Port
 }
 
+// serverTools are the commands the hooks run on a server, each with the
+// Debian package that installs it.
+var serverTools = [][2]string{{"flock", "util-linux"}, {"curl", "curl"}, {"jq", "jq"}, {"sha256sum", "coreutils"}}
+
+// requireServerTools fails at once, naming the install command, when this
+// machine lacks a command the hooks need: the scripts would fail later and
+// less clearly.
+func requireServerTools(t *testing.T) {
+	t.Helper()
+	var missing, packages []string
+	for _, tool := range serverTools {
+		if _, err := exec.LookPath(tool[0]); err != nil {
+			missing = append(missing, tool[0])
+			packages = append(packages, tool[1])
+		}
+	}
+	require.Emptyf(t, missing, "the hooks need %s on PATH: apt-get install %s",
+		strings.Join(missing, ", "), strings.Join(packages, " "))
+}
+
 // newServer sets up one simulated server whose release is rendered from
 // timing, and removes its containers when the test ends.
 func newServer(t *testing.T, timing infra.Timing) Server {
 	t.Helper()
+	requireServerTools(t)
 	dir := t.TempDir()
 	release := filepath.Join(dir, "release")
 	require.NoError(t, os.Mkdir(release, 0o755))
