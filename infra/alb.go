@@ -8,6 +8,7 @@ import (
 
 	"github.com/pulumi/pulumi-aws/sdk/v6/go/aws/ec2"
 	"github.com/pulumi/pulumi-aws/sdk/v6/go/aws/lb"
+	"github.com/pulumi/pulumi-aws/sdk/v6/go/aws/s3"
 	"github.com/pulumi/pulumi-aws/sdk/v6/go/aws/vpc"
 	"github.com/pulumi/pulumi/sdk/v3/go/pulumi"
 )
@@ -28,6 +29,7 @@ const (
 	TypeSecurityGroup  = "aws:ec2/securityGroup:SecurityGroup"
 	TypeIngressRule    = "aws:vpc/securityGroupIngressRule:SecurityGroupIngressRule"
 	TypeEgressRule     = "aws:vpc/securityGroupEgressRule:SecurityGroupEgressRule"
+	TypeENIAttachment  = "aws:ec2/networkInterfaceSecurityGroupAttachment:NetworkInterfaceSecurityGroupAttachment"
 	anywhereIPv4       = "0.0.0.0/0"
 	anywhereIPv6       = "::/0"
 	httpPort           = 80
@@ -97,6 +99,10 @@ type LoadBalancer struct {
 	HTTPS               *lb.Listener
 	HTTP                *lb.Listener
 	Attachments         []*lb.TargetGroupAttachment
+	// ServerAttachments put ServerSecurityGroup on each server's primary
+	// network interface, in instanceIds order.
+	ServerAttachments []*ec2.NetworkInterfaceSecurityGroupAttachment
+	AccessLogsBucket  *s3.BucketV2
 
 	// DNSName is where clients (and the DNS record pointing at us) go.
 	DNSName pulumi.StringOutput
@@ -118,9 +124,18 @@ func Build(ctx *pulumi.Context, t Timing) (*LoadBalancer, error) {
 	return NewLoadBalancer(ctx, ComponentName, &LoadBalancerArgs{Timing: t, Stack: stack})
 }
 
-// NewLoadBalancer validates args, then creates the ALB, its security groups,
-// target group, listeners and one attachment per server, all children of one
-// component named name. Invalid args register nothing.
+// NewLoadBalancer validates args and looks the stack's inputs up in AWS
+// (LookupStack), then creates the ALB, its access-log bucket, its security
+// groups, target group, listeners and, per server, a target group attachment
+// and the servers' security group on its primary network interface, all
+// children of one component named name. Invalid args or a failed lookup
+// register nothing.
+//
+// Every resource but the per-server attachments is protected, since losing
+// any of them is an outage or loses logs: `pulumi destroy`, a replacement, or a rename without an alias
+// stops at the preview instead of deleting listeners and the target group
+// and then failing on the ALB's deletion protection. Renaming the component
+// or a child needs pulumi.Aliases with the old name (README, runbook).
 func NewLoadBalancer(ctx *pulumi.Context, name string, args *LoadBalancerArgs, opts ...pulumi.ResourceOption) (*LoadBalancer, error) {
 	if args == nil {
 		return nil, errors.New("load balancer " + name + ": args are required")
@@ -129,14 +144,18 @@ func NewLoadBalancer(ctx *pulumi.Context, name string, args *LoadBalancerArgs, o
 		return nil, fmt.Errorf("load balancer %s: %w", name, err)
 	}
 	t, s := args.Timing, args.Stack
+	facts, err := LookupStack(ctx, s)
+	if err != nil {
+		return nil, fmt.Errorf("load balancer %s: %w", name, err)
+	}
 
 	c := &LoadBalancer{}
 	if err := ctx.RegisterComponentResource(ComponentType, name, c, opts...); err != nil {
 		return nil, fmt.Errorf("register component %s: %w", name, err)
 	}
 	child := pulumi.Parent(c)
+	protected := pulumi.Protect(true)
 	tags := pulumi.StringMap{"project": pulumi.String(ctx.Project()), "stack": pulumi.String(ctx.Stack())}
-	var err error
 
 	// Security groups. Rules are their own resources so each one shows in a
 	// diff on its own; the groups carry none inline, and the provider strips
@@ -146,7 +165,7 @@ func NewLoadBalancer(ctx *pulumi.Context, name string, args *LoadBalancerArgs, o
 		Description:         pulumi.String("Mythex ALB: HTTP and HTTPS from anywhere"),
 		RevokeRulesOnDelete: pulumi.Bool(true),
 		Tags:                tags,
-	}, child)
+	}, child, protected)
 	if err != nil {
 		return nil, fmt.Errorf("create ALB security group: %w", err)
 	}
@@ -155,7 +174,7 @@ func NewLoadBalancer(ctx *pulumi.Context, name string, args *LoadBalancerArgs, o
 		Description:         pulumi.String("Mythex servers: the app port from the ALB only"),
 		RevokeRulesOnDelete: pulumi.Bool(true),
 		Tags:                tags,
-	}, child)
+	}, child, protected)
 	if err != nil {
 		return nil, fmt.Errorf("create servers security group: %w", err)
 	}
@@ -183,7 +202,7 @@ func NewLoadBalancer(ctx *pulumi.Context, name string, args *LoadBalancerArgs, o
 		} else {
 			ruleArgs.CidrIpv6 = pulumi.String(in.cidr6)
 		}
-		if _, err := vpc.NewSecurityGroupIngressRule(ctx, name+"-alb-in-"+in.suffix, ruleArgs, child); err != nil {
+		if _, err := vpc.NewSecurityGroupIngressRule(ctx, name+"-alb-in-"+in.suffix, ruleArgs, child, protected); err != nil {
 			return nil, fmt.Errorf("create ALB ingress rule %s: %w", in.suffix, err)
 		}
 	}
@@ -196,7 +215,7 @@ func NewLoadBalancer(ctx *pulumi.Context, name string, args *LoadBalancerArgs, o
 		ToPort:                    pulumi.Int(s.AppPort),
 		ReferencedSecurityGroupId: c.ServerSecurityGroup.ID(),
 		Tags:                      tags,
-	}, child); err != nil {
+	}, child, protected); err != nil {
 		return nil, fmt.Errorf("create ALB egress rule: %w", err)
 	}
 	if _, err := vpc.NewSecurityGroupIngressRule(ctx, name+"-servers-in-app", &vpc.SecurityGroupIngressRuleArgs{
@@ -207,9 +226,41 @@ func NewLoadBalancer(ctx *pulumi.Context, name string, args *LoadBalancerArgs, o
 		ToPort:                    pulumi.Int(s.AppPort),
 		ReferencedSecurityGroupId: c.ALBSecurityGroup.ID(),
 		Tags:                      tags,
-	}, child); err != nil {
+	}, child, protected); err != nil {
 		return nil, fmt.Errorf("create servers ingress rule: %w", err)
 	}
+	// The servers reach out over HTTPS only: the SSM endpoints that carry the
+	// deploy's ssh (Session Manager), and the image registry for docker pull.
+	// DNS to the VPC resolver and the time service are link-local, which
+	// security groups do not filter.
+	for _, out := range []struct{ suffix, cidr4, cidr6 string }{
+		{"https-ipv4", anywhereIPv4, ""},
+		{"https-ipv6", "", anywhereIPv6},
+	} {
+		ruleArgs := &vpc.SecurityGroupEgressRuleArgs{
+			SecurityGroupId: c.ServerSecurityGroup.ID(),
+			Description:     pulumi.String("HTTPS out: SSM Session Manager for deploys, the image registry for docker pull"),
+			IpProtocol:      pulumi.String(protocolTCP),
+			FromPort:        pulumi.Int(httpsPort),
+			ToPort:          pulumi.Int(httpsPort),
+			Tags:            tags,
+		}
+		if out.cidr4 != "" {
+			ruleArgs.CidrIpv4 = pulumi.String(out.cidr4)
+		} else {
+			ruleArgs.CidrIpv6 = pulumi.String(out.cidr6)
+		}
+		if _, err := vpc.NewSecurityGroupEgressRule(ctx, name+"-servers-out-"+out.suffix, ruleArgs, child, protected); err != nil {
+			return nil, fmt.Errorf("create servers egress rule %s: %w", out.suffix, err)
+		}
+	}
+
+	prefix := AccessLogsPrefix(ctx.Project(), ctx.Stack())
+	logs, err := newAccessLogBucket(ctx, name, s.AccessLogsBucket, prefix, facts, tags, protected, child)
+	if err != nil {
+		return nil, err
+	}
+	c.AccessLogsBucket = logs.bucket
 
 	c.ALB, err = lb.NewLoadBalancer(ctx, name+"-alb", &lb.LoadBalancerArgs{
 		LoadBalancerType:         pulumi.String("application"),
@@ -223,12 +274,12 @@ func NewLoadBalancer(ctx *pulumi.Context, name string, args *LoadBalancerArgs, o
 		DesyncMitigationMode:     pulumi.String(DesyncMitigationMode),
 		EnableHttp2:              pulumi.Bool(true),
 		AccessLogs: &lb.LoadBalancerAccessLogsArgs{
-			Bucket:  pulumi.String(s.AccessLogsBucket),
-			Prefix:  pulumi.String(AccessLogsPrefix(ctx.Project(), ctx.Stack())),
+			Bucket:  logs.bucket.Bucket,
+			Prefix:  pulumi.String(prefix),
 			Enabled: pulumi.Bool(true),
 		},
 		Tags: tags,
-	}, child)
+	}, child, protected, pulumi.DependsOn(logs.ready))
 	if err != nil {
 		return nil, fmt.Errorf("create ALB: %w", err)
 	}
@@ -259,7 +310,7 @@ func NewLoadBalancer(ctx *pulumi.Context, name string, args *LoadBalancerArgs, o
 			UnhealthyThreshold: pulumi.Int(t.UnhealthyThreshold),
 		},
 		Tags: tags,
-	}, child)
+	}, child, protected)
 	if err != nil {
 		return nil, fmt.Errorf("create target group: %w", err)
 	}
@@ -275,7 +326,7 @@ func NewLoadBalancer(ctx *pulumi.Context, name string, args *LoadBalancerArgs, o
 			TargetGroupArn: c.TargetGroup.Arn,
 		}},
 		Tags: tags,
-	}, child)
+	}, child, protected)
 	if err != nil {
 		return nil, fmt.Errorf("create HTTPS listener: %w", err)
 	}
@@ -292,14 +343,26 @@ func NewLoadBalancer(ctx *pulumi.Context, name string, args *LoadBalancerArgs, o
 			},
 		}},
 		Tags: tags,
-	}, child)
+	}, child, protected)
 	if err != nil {
 		return nil, fmt.Errorf("create HTTP listener: %w", err)
 	}
 
 	// Named by instance ID, so adding or removing one server leaves the
-	// others' attachments alone.
-	for _, id := range s.InstanceIDs {
+	// others' attachments alone. Membership is not protected: adding and
+	// removing servers is routine. The ALB may only send to the servers'
+	// group, so each server carries it on its primary network interface.
+	for i, id := range s.InstanceIDs {
+		sga, err := ec2.NewNetworkInterfaceSecurityGroupAttachment(ctx, name+"-servers-sg-"+id,
+			&ec2.NetworkInterfaceSecurityGroupAttachmentArgs{
+				SecurityGroupId:    c.ServerSecurityGroup.ID(),
+				NetworkInterfaceId: pulumi.String(facts.InstanceENIs[i]),
+			}, child)
+		if err != nil {
+			return nil, fmt.Errorf("attach the servers' security group to %s: %w", id, err)
+		}
+		c.ServerAttachments = append(c.ServerAttachments, sga)
+
 		a, err := lb.NewTargetGroupAttachment(ctx, name+"-target-"+id, &lb.TargetGroupAttachmentArgs{
 			TargetGroupArn: c.TargetGroup.Arn,
 			TargetId:       pulumi.String(id),
@@ -314,8 +377,18 @@ func NewLoadBalancer(ctx *pulumi.Context, name string, args *LoadBalancerArgs, o
 	c.DNSName = c.ALB.DnsName
 	c.TargetGroupARN = c.TargetGroup.Arn
 	c.outputs = pulumi.Map{
-		"albDnsName":            c.DNSName,
+		"albDnsName": c.DNSName,
+		// For a Route 53 alias record to the ALB.
+		"albZoneId": c.ALB.ZoneId,
+		"albArn":    c.ALB.Arn,
+		// CloudWatch's LoadBalancer and TargetGroup dimensions.
+		"albArnSuffix":          c.ALB.ArnSuffix,
 		"targetGroupArn":        c.TargetGroupARN,
+		"targetGroupArnSuffix":  c.TargetGroup.ArnSuffix,
+		"httpsListenerArn":      c.HTTPS.Arn,
+		"httpListenerArn":       c.HTTP.Arn,
+		"accessLogsBucket":      c.AccessLogsBucket.Bucket,
+		"accessLogsPrefix":      pulumi.String(prefix),
 		"albSecurityGroupId":    c.ALBSecurityGroup.ID(),
 		"serverSecurityGroupId": c.ServerSecurityGroup.ID(),
 		"appPort":               pulumi.Int(s.AppPort),
@@ -328,9 +401,11 @@ func NewLoadBalancer(ctx *pulumi.Context, name string, args *LoadBalancerArgs, o
 	return c, nil
 }
 
-// Outputs are the stack outputs: where the balancer is, the security group
-// the servers must carry, the port the deploy job publishes the api on
-// (MYTHEX_APP_PORT), and the timing contract that is live.
+// Outputs are the stack outputs: where the balancer is (DNS name and Route 53
+// zone), the ARNs of the ALB, target group and listeners and the ARN
+// suffixes CloudWatch names them by, where the access logs go, the security
+// groups, the port the deploy job publishes the api on (MYTHEX_APP_PORT),
+// and the timing contract that is live.
 func (c *LoadBalancer) Outputs() pulumi.Map {
 	return c.outputs
 }

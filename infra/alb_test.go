@@ -133,13 +133,18 @@ func TestProgramBuildsTheLoadBalancerComponent(t *testing.T) {
 		names[r.Name] = true
 	}
 	assert.Equal(t, map[string]int{
-		TypeSecurityGroup: 2,
-		TypeIngressRule:   5, // 80 and 443 over IPv4 and IPv6, app port from the ALB
-		TypeEgressRule:    1,
-		TypeLoadBalancer:  1,
-		TypeTargetGroup:   1,
-		TypeListener:      2,
-		TypeAttachment:    len(cfg.InstanceIDs),
+		TypeSecurityGroup:      2,
+		TypeIngressRule:        5, // 80 and 443 over IPv4 and IPv6, app port from the ALB
+		TypeEgressRule:         3, // the ALB to the servers; the servers' HTTPS over IPv4 and IPv6
+		TypeLoadBalancer:       1,
+		TypeTargetGroup:        1,
+		TypeListener:           2,
+		TypeAttachment:         len(cfg.InstanceIDs),
+		TypeENIAttachment:      len(cfg.InstanceIDs),
+		TypeBucket:             1,
+		TypeBucketEncryption:   1,
+		TypeBucketPublicAccess: 1,
+		TypeBucketPolicy:       1,
 	}, counts, "resources by type")
 }
 
@@ -370,7 +375,12 @@ func TestServersReachableOnlyFromTheALBSecurityGroup(t *testing.T) {
 	assert.Equal(t, float64(cfg.AppPort), input(r, "fromPort"), "%s from port", r.Name)
 	assert.Equal(t, float64(cfg.AppPort), input(r, "toPort"), "%s to port", r.Name)
 
-	egress := ofType(rs, TypeEgressRule)
+	var egress []PlannedResource
+	for _, r := range ofType(rs, TypeEgressRule) {
+		if input(r, "securityGroupId") == mockID(albSG) {
+			egress = append(egress, r)
+		}
+	}
 	require.Len(t, egress, 1, "the ALB's only way out")
 	e := egress[0]
 	assert.Equal(t, mockID(albSG), input(e, "securityGroupId"), "%s belongs to the ALB's group", e.Name)
@@ -404,6 +414,17 @@ func TestOutputsShowWhatIsLive(t *testing.T) {
 			tg := findResource(t, rec.Resources(), TypeTargetGroup, ComponentName+"-tg")
 			assert.Equal(t, alb.Name+".dry-plan.invalid", out["albDnsName"], "albDnsName is %s's DNS name", alb.Name)
 			assert.Equal(t, mockARN(tg), out["targetGroupArn"], "targetGroupArn is %s's", tg.Name)
+			// What a Route 53 alias, CloudWatch and listener rules need.
+			https := findResource(t, rec.Resources(), TypeListener, ComponentName+"-https")
+			http := findResource(t, rec.Resources(), TypeListener, ComponentName+"-http")
+			assert.Equal(t, "dry-plan-zone-"+alb.Name, out["albZoneId"], "albZoneId is %s's hosted zone", alb.Name)
+			assert.Equal(t, mockARN(alb), out["albArn"], "albArn is %s's", alb.Name)
+			assert.Equal(t, "app/"+alb.Name+"/dry-plan", out["albArnSuffix"], "albArnSuffix is %s's", alb.Name)
+			assert.Equal(t, "targetgroup/"+tg.Name+"/dry-plan", out["targetGroupArnSuffix"], "targetGroupArnSuffix is %s's", tg.Name)
+			assert.Equal(t, mockARN(https), out["httpsListenerArn"], "httpsListenerArn is %s's", https.Name)
+			assert.Equal(t, mockARN(http), out["httpListenerArn"], "httpListenerArn is %s's", http.Name)
+			assert.Equal(t, prodConfig(t)[KeyAccessLogsBucket], out["accessLogsBucket"], "accessLogsBucket")
+			assert.Equal(t, Project+"/prod", out["accessLogsPrefix"], "accessLogsPrefix")
 			assert.Equal(t, pulumi.ID(mockID(findResource(t, rec.Resources(), TypeSecurityGroup, ComponentName+"-servers-sg"))), out["serverSecurityGroupId"], "serverSecurityGroupId")
 			assert.Equal(t, 8080, out["appPort"])
 			assert.Equal(t, HealthPath, out["healthCheckPath"])

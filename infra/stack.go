@@ -131,8 +131,14 @@ func ParseStackConfig(get ConfigSource) (StackConfig, error) {
 	return c, nil
 }
 
-// Validate reports every stack input that AWS would refuse or that cannot
-// work, all at once, naming the input and its value.
+// Validate reports every problem the stack inputs show on their own, all at
+// once, naming the input and its value: missing inputs, malformed IDs and
+// ARNs, too few subnets, a certificate ARN of another region, a bucket name S3
+// refuses. What only AWS knows is LookupStack's: each subnet's VPC and
+// availability zone, each instance's VPC and network interface, the region's
+// log writer. Neither checks the certificate's status (ISSUED), nor that the
+// bucket name is free: `pulumi preview` does not either, `pulumi up` fails on
+// them (the runbook in the README checks them first).
 func (c StackConfig) Validate() error {
 	ps := c.problems()
 	if len(ps) == 0 {

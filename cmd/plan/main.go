@@ -56,12 +56,18 @@ func main() {
 }
 
 // typeOrder is the order the plan lists resources in: the component, what
-// guards the servers, then the balancer from the outside in.
+// guards the servers, the access-log bucket, then the balancer from the
+// outside in.
 var typeOrder = []string{
 	infra.ComponentType,
 	infra.TypeSecurityGroup,
 	infra.TypeIngressRule,
 	infra.TypeEgressRule,
+	infra.TypeENIAttachment,
+	infra.TypeBucket,
+	infra.TypeBucketEncryption,
+	infra.TypeBucketPublicAccess,
+	infra.TypeBucketPolicy,
 	infra.TypeLoadBalancer,
 	infra.TypeTargetGroup,
 	infra.TypeListener,
@@ -105,6 +111,8 @@ func writePlan(w io.Writer, t infra.Timing, stack infra.StackFile) error {
 		stack.Stack, infra.Project)
 	fmt.Fprintf(&b, "It shows what this program asks AWS to create; ids, ARNs and DNS names are placeholders,\n")
 	fmt.Fprintf(&b, "and AWS may still refuse what it asks. `pulumi preview --stack %s` checks against AWS.\n", stack.Stack)
+	fmt.Fprintf(&b, "Its lookups (subnets, instances, the account, the region's log writer) get placeholder answers that pass.\n")
+	fmt.Fprintf(&b, "Resources marked protected are never deleted or replaced until unprotected (README: deliberate destroy).\n")
 	fmt.Fprintf(&b, "Timing is the compiled contract; no stack can override it. Inputs marked ← come from it.\n\n")
 
 	resources := rec.Resources()
@@ -198,7 +206,14 @@ func writeResource(w io.Writer, r infra.PlannedResource, marks map[string]string
 	if r.Parent != "" {
 		parent = r.Parent[strings.LastIndex(r.Parent, "::")+2:]
 	}
-	fmt.Fprintf(w, "+ %s %s (%s, parent %s)\n", r.Type, r.Name, kind, parent)
+	opts := ""
+	if r.Protect {
+		opts += ", protected"
+	}
+	if r.RetainOnDelete {
+		opts += ", retained on delete"
+	}
+	fmt.Fprintf(w, "+ %s %s (%s, parent %s%s)\n", r.Type, r.Name, kind, parent, opts)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	for _, line := range flatten("", resource.NewObjectProperty(r.Inputs)) {
 		mark := marks[r.Type+" "+line.path]

@@ -86,7 +86,7 @@ func TestPlanSaysWhatItIsAndListsEverything(t *testing.T) {
 	assert.True(t, strings.HasPrefix(plan, "Dry plan of stack prod (project mythex-infra) under the Pulumi mock engine: no AWS calls, not a preview."),
 		"the first line says plainly what this is:\n%s", plan)
 
-	heads := regexp.MustCompile(`(?m)^\+ (\S+) (\S+) \((component|AWS resource), parent (\S+)\)$`).FindAllStringSubmatch(plan, -1)
+	heads := regexp.MustCompile(`(?m)^\+ (\S+) (\S+) \((component|AWS resource), parent ([^,\s)]+)(, protected)?(, retained on delete)?\)$`).FindAllStringSubmatch(plan, -1)
 	require.NotEmpty(t, heads)
 	assert.Equal(t, []string{infra.ComponentType, infra.ComponentName}, heads[0][1:3], "the component comes first")
 	types := map[string]int{}
@@ -96,8 +96,9 @@ func TestPlanSaysWhatItIsAndListsEverything(t *testing.T) {
 		assert.Equal(t, infra.ComponentName, h[4], "%s %s is the component's child", h[1], h[2])
 	}
 	assert.Equal(t, map[string]int{
-		infra.TypeSecurityGroup: 2, infra.TypeIngressRule: 5, infra.TypeEgressRule: 1, infra.TypeLoadBalancer: 1,
-		infra.TypeTargetGroup: 1, infra.TypeListener: 2, infra.TypeAttachment: 2,
+		infra.TypeSecurityGroup: 2, infra.TypeIngressRule: 5, infra.TypeEgressRule: 3, infra.TypeLoadBalancer: 1,
+		infra.TypeTargetGroup: 1, infra.TypeListener: 2, infra.TypeAttachment: 2, infra.TypeENIAttachment: 2,
+		infra.TypeBucket: 1, infra.TypeBucketEncryption: 1, infra.TypeBucketPublicAccess: 1, infra.TypeBucketPolicy: 1,
 	}, types, "resources listed by type")
 
 	assert.Contains(t, plan, "\nStack outputs ")
@@ -114,6 +115,45 @@ func TestPlanSaysWhatItIsAndListsEverything(t *testing.T) {
 	assert.Equal(t, strconv.Itoa(len(heads)), last[1], "count of resources")
 	assert.Equal(t, strconv.Itoa(len(heads)-1), last[2], "count of AWS resources")
 	assert.NotRegexp(t, `(?m) +$`, plan, "no trailing spaces")
+}
+
+// What a reviewer checks before the first `pulumi up`: the bucket policy that
+// lets the region's log writer in, which resources are protected, and the
+// outputs a Route 53 alias and CloudWatch need.
+func TestPlanShowsBucketPolicyProtectionsAndOutputs(t *testing.T) {
+	var out bytes.Buffer
+	require.NoError(t, writePlan(&out, infra.Prod(), loadProd(t)))
+	plan := out.String()
+
+	policy := regexp.MustCompile(`(?m)^\+ ` + regexp.QuoteMeta(infra.TypeBucketPolicy) + ` mythex-access-logs-policy \(AWS resource, parent mythex, protected\)\n    bucket +"dry-plan-mythex-access-logs"\n    policy +(".*")$`).
+		FindStringSubmatch(plan)
+	require.NotNil(t, policy, "the plan lists the bucket policy with its document:\n%s", plan)
+	doc, err := strconv.Unquote(policy[1])
+	require.NoError(t, err)
+	assert.Contains(t, doc, `"Principal":{"AWS":"arn:aws:iam::dry-plan-elb-account-of-us-east-1:root"}`, "us-east-1 logs are written by its ELB account")
+	assert.Contains(t, doc, `"Resource":"arn:aws:s3:::mythex-placeholder-alb-access-logs/mythex-infra/prod/AWSLogs/`+infra.DryAccountID+`/*"`)
+	assert.Regexp(t, `(?m)^\+ `+regexp.QuoteMeta(infra.TypeBucketEncryption)+` mythex-access-logs-sse .*\n(    .*\n)*    rules\.0\.applyServerSideEncryptionByDefault\.sseAlgorithm +"AES256"$`, plan)
+
+	for _, head := range []string{
+		infra.TypeLoadBalancer + " mythex-alb (AWS resource, parent mythex, protected)",
+		infra.TypeTargetGroup + " mythex-tg (AWS resource, parent mythex, protected)",
+		infra.TypeListener + " mythex-https (AWS resource, parent mythex, protected)",
+		infra.TypeListener + " mythex-http (AWS resource, parent mythex, protected)",
+		infra.TypeSecurityGroup + " mythex-servers-sg (AWS resource, parent mythex, protected)",
+		infra.TypeBucket + " mythex-access-logs (AWS resource, parent mythex, protected, retained on delete)",
+		infra.TypeAttachment + " mythex-target-i-0123456789abcdef0 (AWS resource, parent mythex)",
+		infra.TypeENIAttachment + " mythex-servers-sg-i-0123456789abcdef0 (AWS resource, parent mythex)",
+	} {
+		assert.Contains(t, plan, "\n+ "+head+"\n")
+	}
+	for _, o := range []string{
+		`albZoneId +dry-plan-zone-mythex-alb`, `albArn +arn:dry-plan:mythex-alb`, `albArnSuffix +app/mythex-alb/dry-plan`,
+		`targetGroupArnSuffix +targetgroup/mythex-tg/dry-plan`, `httpsListenerArn +arn:dry-plan:mythex-https`,
+		`httpListenerArn +arn:dry-plan:mythex-http`, `accessLogsBucket +mythex-placeholder-alb-access-logs`,
+		`accessLogsPrefix +mythex-infra/prod`,
+	} {
+		assert.Regexp(t, `(?m)^  `+o+`$`, plan)
+	}
 }
 
 func TestPlanRefusesAnInvalidTiming(t *testing.T) {
