@@ -192,10 +192,29 @@ type Response struct {
 type Result struct {
 	ID         string `json:"Id"`
 	Label      string
-	Timestamps []time.Time
+	Timestamps []Timestamp
 	Values     []float64
 	StatusCode string
 	Messages   []Message
+}
+
+// Timestamp is a datapoint's time as the CLI prints it: an ISO 8601 string
+// (AWS CLI v2's default cli_timestamp_format) or epoch seconds (v1's "none",
+// the wire's value as is).
+type Timestamp struct{ time.Time }
+
+// UnmarshalJSON takes either form.
+func (t *Timestamp) UnmarshalJSON(b []byte) error {
+	if len(b) > 0 && b[0] == '"' {
+		return t.Time.UnmarshalJSON(b)
+	}
+	var secs float64
+	if err := json.Unmarshal(b, &secs); err != nil {
+		return fmt.Errorf("timestamp %s is neither ISO 8601 nor epoch seconds", b)
+	}
+	whole, frac := math.Modf(secs)
+	t.Time = time.Unix(int64(whole), int64(frac*1e9)).UTC()
+	return nil
 }
 
 // Message is a note CloudWatch attaches to a response or a result.
@@ -237,8 +256,8 @@ func Read(req Request, resp Response) (Counts, error) {
 			problems = append(problems, fmt.Sprintf("result %q has %d timestamps for %d values", r.ID, len(r.Timestamps), len(r.Values)))
 			continue
 		}
-		for i, ts := range r.Timestamps {
-			v := r.Values[i]
+		for i, stamp := range r.Timestamps {
+			ts, v := stamp.Time, r.Values[i]
 			switch {
 			case ts.Before(req.StartTime) || !ts.Before(req.EndTime):
 				problems = append(problems, fmt.Sprintf("result %q: datapoint at %s is outside the window %s–%s", r.ID,

@@ -142,6 +142,14 @@ func TestReport(t *testing.T) {
 			stderrHas: "the rollout made requests reach nothing: 10 502 above the threshold 0",
 		},
 		{
+			name: "epoch-second timestamps, as AWS CLI v1 prints them", code: 1,
+			answer: strings.Replace(cliAnswer(ten502s), `"2026-11-30T12:02:00+00:00", "2026-11-30T12:03:00+00:00"]`, `1796040120, 1796040180.0]`, 1),
+			rows: []string{"| rollout | 59910 | 10 | 0 | 0 | 2 |", "| 12:01Z | 12011 | 0 | 0 | 0 | 2 |",
+				"| 12:02Z | 12003 | 6 | 0 | 0 | 0 |", "| 12:03Z | 11876 | 4 | 0 | 0 | 0 |"},
+			verdict:   "**Failed:** 10 502 above the threshold 0.",
+			stderrHas: "10 502 above the threshold 0",
+		},
+		{
 			name: "within a configured threshold", answer: cliAnswer(ten502s), args: []string{"-max-502", "10"}, code: 0,
 			rows: []string{"| rollout | 59910 | 10 | 0 | 0 | 2 |", "| 12:01Z | 12011 | 0 | 0 | 0 | 2 |",
 				"| 12:02Z | 12003 | 6 | 0 | 0 | 0 |", "| 12:03Z | 11876 | 4 | 0 | 0 | 0 |"},
