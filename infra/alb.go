@@ -102,7 +102,8 @@ type LoadBalancer struct {
 	// ServerAttachments put ServerSecurityGroup on each server's primary
 	// network interface, in instanceIds order.
 	ServerAttachments []*ec2.NetworkInterfaceSecurityGroupAttachment
-	AccessLogsBucket  *s3.BucketV2
+	// AccessLogsBucket receives the ALB's access logs; it outlives the stack.
+	AccessLogsBucket *s3.BucketV2
 
 	// DNSName is where clients (and the DNS record pointing at us) go.
 	DNSName pulumi.StringOutput
@@ -132,10 +133,11 @@ func Build(ctx *pulumi.Context, t Timing) (*LoadBalancer, error) {
 // register nothing.
 //
 // Every resource but the per-server attachments is protected, since losing
-// any of them is an outage or loses logs: `pulumi destroy`, a replacement, or a rename without an alias
-// stops at the preview instead of deleting listeners and the target group
-// and then failing on the ALB's deletion protection. Renaming the component
-// or a child needs pulumi.Aliases with the old name (README, runbook).
+// any of them is an outage or loses logs: `pulumi destroy`, a replacement,
+// or a rename without an alias stops at the preview instead of deleting
+// listeners and the target group and then failing on the ALB's deletion
+// protection. Renaming the component or a child needs pulumi.Aliases with
+// the old name (README, load balancer section).
 func NewLoadBalancer(ctx *pulumi.Context, name string, args *LoadBalancerArgs, opts ...pulumi.ResourceOption) (*LoadBalancer, error) {
 	if args == nil {
 		return nil, errors.New("load balancer " + name + ": args are required")
@@ -231,8 +233,9 @@ func NewLoadBalancer(ctx *pulumi.Context, name string, args *LoadBalancerArgs, o
 	}
 	// The servers reach out over HTTPS only: the SSM endpoints that carry the
 	// deploy's ssh (Session Manager), and the image registry for docker pull.
-	// DNS to the VPC resolver and the time service are link-local, which
-	// security groups do not filter.
+	// Security groups do not filter DNS to the Amazon-provided resolver,
+	// instance metadata or the Amazon Time Sync Service, so nothing else is
+	// needed.
 	for _, out := range []struct{ suffix, cidr4, cidr6 string }{
 		{"https-ipv4", anywhereIPv4, ""},
 		{"https-ipv6", "", anywhereIPv6},
