@@ -35,6 +35,13 @@ func FieldSides() ([]FieldSide, error) {
 	return SidesOf(reflect.TypeOf(Timing{}))
 }
 
+// tagSides are the values a `side` tag may take.
+var tagSides = map[string]FieldSide{
+	"balancer":        {Side: SideBalancer},
+	"servers":         {Side: SideServers},
+	"servers,process": {Side: SideServers, Process: true},
+}
+
 // SidesOf reads the `side` tag of every field of the struct type typ; the
 // error names every field whose tag is missing or unknown, all at once.
 func SidesOf(typ reflect.Type) ([]FieldSide, error) {
@@ -42,18 +49,12 @@ func SidesOf(typ reflect.Type) ([]FieldSide, error) {
 	var bad []string
 	for i := 0; i < typ.NumField(); i++ {
 		f := typ.Field(i)
-		s := FieldSide{Field: f.Name}
-		switch tag := f.Tag.Get("side"); tag {
-		case "balancer":
-			s.Side = SideBalancer
-		case "servers":
-			s.Side = SideServers
-		case "servers,process":
-			s.Side, s.Process = SideServers, true
-		default:
+		tag := f.Tag.Get("side")
+		s, ok := tagSides[tag]
+		if !ok {
 			bad = append(bad, fmt.Sprintf("%s (side %q)", f.Name, tag))
-			continue
 		}
+		s.Field = f.Name
 		out = append(out, s)
 	}
 	if len(bad) > 0 {
@@ -159,17 +160,17 @@ func CheckTransition(old, new Timing) (Transition, error) {
 		ok[m.order] = ok[m.order] && len(s.Broken) == 0
 		tr.States = append(tr.States, s)
 	}
-	switch {
-	case ok[ServersFirst] && ok[BalancerFirst]:
-		tr.Order = AnyOrder
-	case ok[ServersFirst]:
-		tr.Order = ServersFirst
-	case ok[BalancerFirst]:
-		tr.Order = BalancerFirst
-	default:
-		tr.Order = NoSafeOrder
-	}
+	tr.Order = verdicts[[2]bool{ok[ServersFirst], ok[BalancerFirst]}]
 	return tr, nil
+}
+
+// verdicts is the order given whether servers first and balancer first
+// each keep every relation.
+var verdicts = map[[2]bool]Order{
+	{true, true}:   AnyOrder,
+	{true, false}:  ServersFirst,
+	{false, true}:  BalancerFirst,
+	{false, false}: NoSafeOrder,
 }
 
 // mix is what one server and the balancer in front of it live by: the
