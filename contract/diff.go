@@ -244,13 +244,21 @@ func diffVerdict(o, n judged) Verdict {
 	for _, v := range TakeSnapshot(infra.Timing{}).Fields {
 		all = append(all, v.Name)
 	}
-	for _, j := range []judged{o, n} {
-		if m := j.missing(all); len(m) > 0 {
-			return Verdict{NotJudged: fmt.Sprintf("`%s` has no %s as this build knows it: the rollout order is judged on every field",
-				j.Label, strings.Join(m, ", "))}
-		}
+	if m := n.missing(all); len(m) > 0 {
+		return Verdict{NotJudged: fmt.Sprintf("`%s` has no %s as this build knows it: the rollout order is judged on every field",
+			n.Label, strings.Join(m, ", "))}
 	}
-	return JudgeTransition(o.t, n.t)
+	// A field the old revision lacks had no value there to change from: it
+	// is judged at its new value on both sides, and the verdict says so.
+	old := o.t
+	added := o.missing(all)
+	ov, nv := reflect.ValueOf(&old).Elem(), reflect.ValueOf(n.t)
+	for _, f := range added {
+		ov.FieldByName(f).Set(nv.FieldByName(f))
+	}
+	v := JudgeTransition(old, n.t)
+	v.Added = added
+	return v
 }
 
 // ownDiffers returns the side's own violation report when it says something

@@ -22,6 +22,9 @@ type Verdict struct {
 	// was found, and NoSplit says why.
 	Split   *infra.Split
 	NoSplit string
+	// Added are fields the old revision does not have, judged at their new
+	// value on both sides.
+	Added []string
 }
 
 // JudgeTransition checks the change from old to new while it rolls out.
@@ -115,14 +118,25 @@ func ruleList(vs []infra.Violation) string {
 // two-step proposal when there is no safe order.
 func WriteVerdict(w io.Writer, v Verdict) error {
 	bw := bufio.NewWriter(w)
-	p := func(format string, args ...any) { fmt.Fprintf(bw, format, args...) }
+	writeVerdict(bw, v)
+	if len(v.Added) > 0 {
+		fmt.Fprintf(bw, "\nNew in this change, so judged at the new value on both sides: `%s`.\n", strings.Join(v.Added, "`, `"))
+	}
+	if err := bw.Flush(); err != nil {
+		return fmt.Errorf("write verdict: %w", err)
+	}
+	return nil
+}
+
+func writeVerdict(w io.Writer, v Verdict) {
+	p := func(format string, args ...any) { fmt.Fprintf(w, format, args...) }
 	if !v.Judged() {
 		p("#### Rollout order: not judged\n\n%s\n", oneLine(v.NotJudged))
-		return flush(bw)
+		return
 	}
 	tr := v.Transition
 	p("#### Rollout order: **%s**\n\n%s.\n\n", tr.Order, v.Reason())
-	writeSides(bw, tr.Old, tr.New)
+	writeSides(w, tr.Old, tr.New)
 	for _, o := range []infra.Order{infra.ServersFirst, infra.BalancerFirst} {
 		states := tr.Breaks(o)
 		if len(states) == 0 {
@@ -135,17 +149,16 @@ func WriteVerdict(w io.Writer, v Verdict) error {
 			}
 		}
 	}
-	if tr.Order == infra.NoSafeOrder {
-		if v.Split == nil {
-			p("\n**No two-step split proposed:** %s.\n", oneLine(v.NoSplit))
-			return flush(bw)
-		}
-		s := v.Split
-		p("\n**Split it in two changes, each deployed on its own:**\n\n")
-		p("1. %s (**%s**)\n", changeList(tr.Old, s.Mid), s.First.Order)
-		p("2. then %s (**%s**)\n", changeList(s.Mid, tr.New), s.Next.Order)
+	if tr.Order != infra.NoSafeOrder {
+		return
 	}
-	return flush(bw)
+	if v.Split == nil {
+		p("\n**No two-step split proposed:** %s.\n", oneLine(v.NoSplit))
+		return
+	}
+	p("\n**Split it in two changes, each deployed on its own:**\n\n")
+	p("1. %s (**%s**)\n", changeList(tr.Old, v.Split.Mid), v.Split.First.Order)
+	p("2. then %s (**%s**)\n", changeList(v.Split.Mid, tr.New), v.Split.Next.Order)
 }
 
 // writeSides says what `pulumi up` and what the rollout change.
@@ -193,10 +206,3 @@ func capitalize(s string) string {
 }
 
 func oneLine(s string) string { return strings.Join(strings.Fields(s), " ") }
-
-func flush(bw *bufio.Writer) error {
-	if err := bw.Flush(); err != nil {
-		return fmt.Errorf("write verdict: %w", err)
-	}
-	return nil
-}

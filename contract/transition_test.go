@@ -119,7 +119,22 @@ func TestDiffEndsWithTheVerdict(t *testing.T) {
 	assert.Greater(t, i, strings.Index(text, "#### Derived values"), "the verdict comes under the diff")
 	assert.Equal(t, "servers-first", contract.DiffVerdict(side("base", old, nil), side("head", new, nil)).Slug())
 
-	// An old revision without a field this build judges cannot be ordered.
+	// A field the old revision lacks is judged at its new value on both
+	// sides, and the verdict says so.
+	old.NodeSkew = 5 * time.Second // would break the example's drain margin if it were used
 	text = diff(t, side("base", old, dropField("NodeSkew")), side("head", new, nil))
-	assert.Contains(t, text, "#### Rollout order: not judged\n\n`base` has no NodeSkew as this build knows it")
+	assert.Contains(t, text, "#### Rollout order: **servers first**")
+	assert.Contains(t, text, "\nNew in this change, so judged at the new value on both sides: `NodeSkew`.\n")
+	assert.Equal(t, []string{"NodeSkew"}, contract.DiffVerdict(side("base", old, dropField("NodeSkew")), side("head", new, nil)).Added)
+
+	// A new side without a field this build judges cannot be ordered.
+	text = diff(t, side("base", new, nil), side("head", new, dropField("Drain")))
+	assert.Contains(t, text, "#### Rollout order: not judged\n\n`head` has no Drain as this build knows it")
+}
+
+func TestVerdictNamesAddedFields(t *testing.T) {
+	old, new := example()
+	v := contract.JudgeTransition(old, new)
+	v.Added = []string{"NodeSkew", "Drain"}
+	assert.True(t, strings.HasSuffix(verdictText(t, v), "\nNew in this change, so judged at the new value on both sides: `NodeSkew`, `Drain`.\n"))
 }
