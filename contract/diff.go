@@ -139,7 +139,8 @@ func change(r row) string {
 // WriteDiff compares the contract at two revisions as markdown, for a
 // terminal or a pull-request comment: every field and derived value (old →
 // new, changed ones marked), every invariant's margin under this build's
-// rules, and each invariant broken at either side.
+// rules, each invariant broken at either side, and last the rollout order
+// the change needs (WriteVerdict).
 func WriteDiff(w io.Writer, oldSide, newSide Side) error {
 	o, n := judge(oldSide), judge(newSide)
 	fields := rows(o.Snap.Fields, n.Snap.Fields)
@@ -222,10 +223,42 @@ func WriteDiff(w io.Writer, oldSide, newSide Side) error {
 			}
 		}
 	}
+	p("\n")
+	if err := WriteVerdict(bw, diffVerdict(o, n)); err != nil {
+		return err
+	}
 	if err := bw.Flush(); err != nil {
 		return fmt.Errorf("write diff: %w", err)
 	}
 	return nil
+}
+
+// DiffVerdict is the rollout order of the change from oldSide to newSide,
+// judged with this build's fields, sides and rules.
+func DiffVerdict(oldSide, newSide Side) Verdict {
+	return diffVerdict(judge(oldSide), judge(newSide))
+}
+
+func diffVerdict(o, n judged) Verdict {
+	var all []string
+	for _, v := range TakeSnapshot(infra.Timing{}).Fields {
+		all = append(all, v.Name)
+	}
+	if m := n.missing(all); len(m) > 0 {
+		return Verdict{NotJudged: fmt.Sprintf("`%s` has no %s as this build knows it: the rollout order is judged on every field",
+			n.Label, strings.Join(m, ", "))}
+	}
+	// A field the old revision lacks had no value there to change from: it
+	// is judged at its new value on both sides, and the verdict says so.
+	old := o.t
+	added := o.missing(all)
+	ov, nv := reflect.ValueOf(&old).Elem(), reflect.ValueOf(n.t)
+	for _, f := range added {
+		ov.FieldByName(f).Set(nv.FieldByName(f))
+	}
+	v := JudgeTransition(old, n.t)
+	v.Added = added
+	return v
 }
 
 // ownDiffers returns the side's own violation report when it says something

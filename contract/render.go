@@ -100,9 +100,9 @@ func WriteText(w io.Writer, t infra.Timing, src *Source) error {
 	p("Deploy timing contract (infra/timing.go)\n\n")
 	p("Health check: GET %s, healthy = %d\n\n", infra.HealthPath, infra.HealthyStatus)
 
-	p("Values (and why: the comments in Prod)\n")
+	p("Values, the side that applies them (and why: the comments in Prod)\n")
 	for _, v := range TakeSnapshot(t).Fields {
-		writeWrapped(bw, fmt.Sprintf("  %-24s %-6s ", v.Name, valueText(v)), reason(t, src, v.Name), 110)
+		writeWrapped(bw, fmt.Sprintf("  %-24s %-6s %-17s ", v.Name, valueText(v), sideText(v.Name)), reason(t, src, v.Name), 110)
 	}
 
 	p("\nDerived values\n")
@@ -246,9 +246,11 @@ func WriteMarkdown(w io.Writer, t infra.Timing, src *Source) error {
 		}
 	}
 
-	p("\n## Values\n\n| Field | Value | What it is | Why this value |\n|---|---:|---|---|\n")
+	p("\n## Values\n\nSide: what applies the value, `pulumi up` (balancer) or the rollout (servers); \"servers, process\" is held by a\n")
+	p("running container from its start. A change that moves both sides needs an order (`go run ./cmd/timing diff` says which).\n")
+	p("\n| Field | Value | Side | What it is | Why this value |\n|---|---:|---|---|---|\n")
 	for _, v := range TakeSnapshot(t).Fields {
-		p("| `%s` | %s | %s | %s |\n", v.Name, valueText(v), cell(src.Meaning[v.Name]), cell(reason(t, src, v.Name)))
+		p("| `%s` | %s | %s | %s | %s |\n", v.Name, valueText(v), sideText(v.Name), cell(src.Meaning[v.Name]), cell(reason(t, src, v.Name)))
 	}
 
 	p("\n## Derived values\n\n| Method | Value | What it is |\n|---|---:|---|\n")
@@ -260,6 +262,23 @@ func WriteMarkdown(w io.Writer, t infra.Timing, src *Source) error {
 		return fmt.Errorf("write markdown: %w", err)
 	}
 	return nil
+}
+
+// sideText is a field's side as its tag declares it.
+func sideText(field string) string {
+	sides, err := infra.FieldSides()
+	if err != nil {
+		return "?"
+	}
+	for _, s := range sides {
+		if s.Field == field && s.Process {
+			return string(s.Side) + ", process"
+		}
+		if s.Field == field {
+			return string(s.Side)
+		}
+	}
+	return "?"
 }
 
 func statusCell(s RuleStatus) string {

@@ -573,3 +573,24 @@ func TestTwoLoadBalancersDoNotCollide(t *testing.T) {
 	}
 	assert.Len(t, seen, 2*len(planProd(t)))
 }
+
+// TestBalancerFieldsAreTheComponentsInputs: the fields tagged balancer are
+// the ones `pulumi up` applies, so they are the component's timing inputs;
+// NodeSkew alone describes the balancer's nodes without being set on them.
+func TestBalancerFieldsAreTheComponentsInputs(t *testing.T) {
+	sides, err := FieldSides()
+	require.NoError(t, err)
+	var balancer []string
+	for _, s := range sides {
+		if s.Side == SideBalancer && s.Field != "NodeSkew" {
+			balancer = append(balancer, s.Field)
+		}
+	}
+	var inputs []string
+	for _, ti := range TimingInputs() {
+		if f, ok := strings.CutPrefix(ti.From, "Timing."); ok {
+			inputs = append(inputs, f)
+		}
+	}
+	assert.ElementsMatch(t, inputs, balancer, "Timing fields the load balancer component sets vs fields tagged side:\"balancer\"")
+}

@@ -38,59 +38,69 @@ const HealthyStatus = http.StatusOK
 // Timing is every number a deploy depends on. Durations are time.Duration,
 // counts are int; the zero value is invalid. Change a value only together
 // with the values it is related to: Validate names every relation it breaks.
+//
+// Each field's `side` tag says what applies it, because a change reaches
+// production in two steps and between them old and new values are live
+// together (CheckTransition): "balancer" fields are the target group's and
+// the load balancer's, changed by `pulumi up`; "servers" fields are the
+// release's compose definition and hooks, changed by the rollout one server
+// at a time. "servers,process" marks the ones a running container took from
+// its environment when it started: a server mid-deploy stops its old
+// containers, with the old release's values, under the new definition.
 type Timing struct {
 	// HealthCheckInterval is how often each balancer node checks each target.
-	HealthCheckInterval time.Duration
+	HealthCheckInterval time.Duration `side:"balancer"`
 	// HealthCheckTimeout is how long one check may take before it counts as failed.
-	HealthCheckTimeout time.Duration
+	HealthCheckTimeout time.Duration `side:"balancer"`
 	// UnhealthyThreshold is how many consecutive failed checks take a target out.
-	UnhealthyThreshold int
+	UnhealthyThreshold int `side:"balancer"`
 	// HealthyThreshold is how many consecutive passed checks put a target back.
-	HealthyThreshold int
+	HealthyThreshold int `side:"balancer"`
 	// NodeSkew is the least time the drain must outlast worst-case detection.
-	NodeSkew time.Duration
+	// It describes the balancer's nodes, so it moves with them.
+	NodeSkew time.Duration `side:"balancer"`
 
 	// Drain is how long a server keeps serving real traffic after its health
 	// endpoint starts answering 503.
-	Drain time.Duration
+	Drain time.Duration `side:"servers,process"`
 	// ShutdownTimeout bounds in-flight requests after the listener closes.
-	ShutdownTimeout time.Duration
+	ShutdownTimeout time.Duration `side:"servers,process"`
 	// KillMargin is the least time left between the end of ShutdownTimeout and
-	// Docker's SIGKILL.
-	KillMargin time.Duration
+	// Docker's SIGKILL: the process's own time to exit.
+	KillMargin time.Duration `side:"servers,process"`
 	// StopGracePeriod is compose's stop_grace_period: Docker sends SIGKILL
 	// this long after SIGTERM.
-	StopGracePeriod time.Duration
+	StopGracePeriod time.Duration `side:"servers"`
 	// DeregistrationDelay is how long the balancer lets in-flight requests to
 	// a deregistered target finish.
-	DeregistrationDelay time.Duration
+	DeregistrationDelay time.Duration `side:"balancer"`
 
 	// LBIdleTimeout is the balancer's idle timeout on a connection.
-	LBIdleTimeout time.Duration
+	LBIdleTimeout time.Duration `side:"balancer"`
 	// AppKeepAlive is the application's idle keep-alive timeout.
-	AppKeepAlive time.Duration
+	AppKeepAlive time.Duration `side:"servers,process"`
 
 	// ContainerHealthInterval is how often Docker runs a container's own
 	// health check on the server.
-	ContainerHealthInterval time.Duration
+	ContainerHealthInterval time.Duration `side:"servers"`
 	// ContainerHealthTimeout bounds one of those checks, from the moment
 	// Docker starts to exec it in the container until it exits. It is a
 	// limit of the server, not a step of the deploy's timeline: Scaled keeps it.
-	ContainerHealthTimeout time.Duration
+	ContainerHealthTimeout time.Duration `side:"servers"`
 	// StartTimeout is how long a deploy or a watchdog restart waits for new
 	// containers to report healthy before it fails.
-	StartTimeout time.Duration
+	StartTimeout time.Duration `side:"servers"`
 	// LockWait is how long deploy and bootstrap wait for the server lock.
-	LockWait time.Duration
+	LockWait time.Duration `side:"servers"`
 
 	// WatchdogInterval is how often the watchdog checks every service.
-	WatchdogInterval time.Duration
+	WatchdogInterval time.Duration `side:"servers"`
 	// WatchdogStrikes is how many consecutive failed checks make the watchdog
 	// restart a service.
-	WatchdogStrikes int
+	WatchdogStrikes int `side:"servers"`
 	// MaxPlannedDowntime is the longest a deploy keeps a service unhealthy on
 	// purpose.
-	MaxPlannedDowntime time.Duration
+	MaxPlannedDowntime time.Duration `side:"servers"`
 }
 
 // Prod returns the production timing. Each value says why it is what it is.

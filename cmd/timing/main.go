@@ -2,13 +2,17 @@
 //
 //	timing [show]                      values with reasons, margins, drain timeline
 //	timing markdown [-o FILE]          TIMING.md (go run ./cmd/timing markdown -o TIMING.md)
-//	timing diff [-o FILE] [-old-name NAME] [-new-name NAME] REV [REV2]
+//	timing diff [-o FILE] [-old-name NAME] [-new-name NAME] [-gate] REV [REV2]
 //	                                   the contract at REV against the working
-//	                                   tree (or against REV2), as markdown
+//	                                   tree (or against REV2), as markdown,
+//	                                   with the rollout order the change needs
+//	timing order REV [REV2]            the rollout order alone, for the deploy
 //
 // show and markdown exit 1 when the contract breaks a rule, after printing
 // it; diff exits 0 whenever it could compare, since a broken side is what it
-// is there to show. Usage errors exit 2.
+// is there to show, unless -gate is given and the change has no safe rollout
+// order. order exits 1 unless the change has a safe order. Usage errors
+// exit 2.
 package main
 
 //go:generate go run . markdown -o ../../TIMING.md
@@ -33,11 +37,19 @@ const usage = `usage:
   timing [show]                     print the contract: values with reasons, invariants with
                                     margins, the drain timeline
   timing markdown [-o FILE]         print TIMING.md, or write it to FILE
-  timing diff [-o FILE] [-old-name NAME] [-new-name NAME] REV [REV2]
+  timing diff [-o FILE] [-old-name NAME] [-new-name NAME] [-gate] REV [REV2]
                                     compare the contract at git revision REV with the working
                                     tree (or with REV2), as markdown; e.g. timing diff origin/main.
                                     -old-name and -new-name say what the two sides are called
-                                    in the output (CI names the base branch and the pull request)
+                                    in the output (CI names the base branch and the pull request).
+                                    Under the diff: the rollout order the change needs (servers
+                                    first, balancer first, any order, or unsafe with a two-step
+                                    split); -gate exits 1 after writing it when no order is safe
+  timing order REV [REV2]           the rollout order of the change from REV to the working tree
+                                    (or REV2) as lines for $GITHUB_OUTPUT: verdict=any-order,
+                                    servers-first, balancer-first, unsafe or not-judged, and
+                                    pulumi-up=before or after the rollout; the reason and any
+                                    proposal on standard error. Exits 1 unless an order is safe
 `
 
 // errUsage marks a command line that cannot be run; it exits 2.
@@ -62,6 +74,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		err = markdown(args, stdout, stderr)
 	case "diff":
 		err = diff(ctx, args, stdout, stderr)
+	case "order":
+		err = order(ctx, args, stdout, stderr)
 	case "help", "-h", "-help", "--help":
 		fmt.Fprint(stdout, usage)
 		return 0
@@ -133,32 +147,21 @@ func markdown(args []string, stdout, stderr io.Writer) error {
 
 func diff(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	var oldName, newName string
+	var gate bool
 	fs, out, err := parse("diff", args, stderr, func(fs *flag.FlagSet) {
 		fs.StringVar(&oldName, "old-name", "", "call the first revision `NAME` in the output")
 		fs.StringVar(&newName, "new-name", "", "call the other side `NAME` in the output")
+		fs.BoolVar(&gate, "gate", false, "exit 1, after writing the diff, when the change has no safe rollout order")
 	})
 	if err != nil {
 		return err
 	}
-	if fs.NArg() < 1 || fs.NArg() > 2 {
-		return fmt.Errorf("%w: diff takes one or two revisions, got %d", errUsage, fs.NArg())
-	}
-	root, err := contract.FindModuleRoot(".")
-	if err != nil {
-		return err
-	}
-	oldSide, err := contract.AtRevision(ctx, root, fs.Arg(0))
+	oldSide, newSide, err := sides(ctx, fs, "diff")
 	if err != nil {
 		return err
 	}
 	if oldName != "" {
 		oldSide.Label = fmt.Sprintf("%s (%.7s)", oldName, oldSide.Commit)
-	}
-	newSide := contract.Current()
-	if fs.NArg() == 2 {
-		if newSide, err = contract.AtRevision(ctx, root, fs.Arg(1)); err != nil {
-			return err
-		}
 	}
 	if newName != "" {
 		newSide.Label = newName
@@ -167,7 +170,69 @@ func diff(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if err := contract.WriteDiff(&buf, oldSide, newSide); err != nil {
 		return err
 	}
-	return emit(out, buf.Bytes(), stdout)
+	if err := emit(out, buf.Bytes(), stdout); err != nil {
+		return err
+	}
+	if v := contract.DiffVerdict(oldSide, newSide); gate && v.Judged() && !v.Safe() {
+		return fmt.Errorf("the timing change has no safe rollout order: %s (the diff proposes a two-step split)", v.Reason())
+	}
+	return nil
+}
+
+// sides reads the two revisions a diff or order compares: REV, and REV2 or
+// the working tree.
+func sides(ctx context.Context, fs *flag.FlagSet, name string) (oldSide, newSide contract.Side, err error) {
+	if fs.NArg() < 1 || fs.NArg() > 2 {
+		return oldSide, newSide, fmt.Errorf("%w: %s takes one or two revisions, got %d", errUsage, name, fs.NArg())
+	}
+	root, err := contract.FindModuleRoot(".")
+	if err != nil {
+		return oldSide, newSide, err
+	}
+	if oldSide, err = contract.AtRevision(ctx, root, fs.Arg(0)); err != nil {
+		return oldSide, newSide, err
+	}
+	newSide = contract.Current()
+	if fs.NArg() == 2 {
+		if newSide, err = contract.AtRevision(ctx, root, fs.Arg(1)); err != nil {
+			return oldSide, newSide, err
+		}
+	}
+	return oldSide, newSide, nil
+}
+
+// order prints the rollout order for the deploy workflow: key=value lines
+// for $GITHUB_OUTPUT on standard output, the reason on standard error. A
+// change with no safe order, or one that cannot be judged, fails: the
+// deploy never runs it.
+func order(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("timing order", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	if err := fs.Parse(args); err != nil {
+		return fmt.Errorf("%w: %w", errUsage, err)
+	}
+	oldSide, newSide, err := sides(ctx, fs, "order")
+	if err != nil {
+		return err
+	}
+	v := contract.DiffVerdict(oldSide, newSide)
+	lines := "verdict=" + v.Slug() + "\n"
+	if up := v.PulumiUp(); up != "" {
+		lines += "pulumi-up=" + up + "\n"
+	}
+	if _, err := io.WriteString(stdout, lines); err != nil {
+		return fmt.Errorf("write: %w", err)
+	}
+	fmt.Fprintf(stderr, "timing: %s → %s: ", oldSide.Label, newSide.Label)
+	if v.Safe() {
+		fmt.Fprintf(stderr, "%s\n", v.Reason())
+		return nil
+	}
+	fmt.Fprintln(stderr)
+	if err := contract.WriteVerdict(stderr, v); err != nil {
+		return err
+	}
+	return fmt.Errorf("not deployable: %s", v.Reason())
 }
 
 // emit writes data to stdout, or atomically to path: a temporary file in the

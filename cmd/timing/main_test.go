@@ -159,16 +159,33 @@ func TestPullRequestWorkflowCommandParses(t *testing.T) {
 	require.NoError(t, err)
 	data, err := os.ReadFile(filepath.Join(root, ".github", "workflows", "pull-request.yml"))
 	require.NoError(t, err)
+	args := workflowArgs(t, string(data), "go run ./cmd/timing diff", map[string]string{"BASE_SHA": "no-such-base-revision"})
+	assert.Contains(t, args, "-gate", "the pull request fails when the change has no safe order")
+	code, _, stderr := runTiming(t, args...)
+	assert.Equal(t, 1, code, "args %q: %s", args, stderr)
+	assert.Contains(t, stderr, `revision "no-such-base-revision" is not a commit`)
+}
+
+// workflowArgs finds the workflow's command line that contains cmd and
+// returns its arguments after `go run ./cmd/timing`, with shell variables
+// expanded from vars (RUNNER_TEMP is a temporary directory, others "x").
+func workflowArgs(t *testing.T, workflow, cmd string, vars map[string]string) []string {
+	t.Helper()
 	// The invocation may continue over lines ending in a backslash.
-	joined := strings.ReplaceAll(string(data), "\\\n", " ")
+	joined := strings.ReplaceAll(workflow, "\\\n", " ")
 	var line string
 	for _, l := range strings.Split(joined, "\n") {
-		if strings.Contains(l, "go run ./cmd/timing diff") {
+		if strings.Contains(l, cmd) {
 			line = l
 		}
 	}
-	require.NotEmpty(t, line, "pull-request.yml no longer runs `go run ./cmd/timing diff`")
-	fields := strings.Fields(strings.SplitN(line, "go run ./cmd/timing", 2)[1])
+	require.NotEmpty(t, line, "the workflow no longer runs `%s`", cmd)
+	rest := strings.SplitN(line, "go run ./cmd/timing", 2)[1]
+	// What follows a list operator or a redirection is the shell's, not the command's.
+	for _, op := range []string{" ||", " >"} {
+		rest, _, _ = strings.Cut(rest, op)
+	}
+	fields := strings.Fields(rest)
 	args := make([]string, 0, len(fields))
 	for i := 0; i < len(fields); i++ {
 		f := fields[i]
@@ -178,16 +195,14 @@ func TestPullRequestWorkflowCommandParses(t *testing.T) {
 			f += " " + fields[i]
 		}
 		args = append(args, os.Expand(strings.Trim(f, `"`), func(name string) string {
-			switch name {
-			case "RUNNER_TEMP":
+			if name == "RUNNER_TEMP" {
 				return t.TempDir()
-			case "BASE_SHA":
-				return "no-such-base-revision"
+			}
+			if v, ok := vars[name]; ok {
+				return v
 			}
 			return "x"
 		}))
 	}
-	code, _, stderr := runTiming(t, args...)
-	assert.Equal(t, 1, code, "args %q: %s", args, stderr)
-	assert.Contains(t, stderr, `revision "no-such-base-revision" is not a commit`)
+	return args
 }
