@@ -407,6 +407,7 @@ func (c Config) deploy(ctx context.Context, p Profile, id string, d int, servers
 	startCounts := load.Counts()
 	runs0, restarts0 := watchdogTotals(servers)
 	outs0 := outs(lbs)
+	pairs0 := outsByPair(lbs)
 	var err error
 	dr.HookSeconds, dr.ServerSeconds, err = ro.run(ctx, version)
 	if err != nil {
@@ -423,6 +424,15 @@ func (c Config) deploy(ctx context.Context, p Profile, id string, d int, servers
 	runs1, restarts1 := watchdogTotals(servers)
 	dr.WatchdogRuns, dr.WatchdogRestarts = int(runs1-runs0), int(restarts1-restarts0)
 	dr.TakenOut = outs(lbs) - outs0
+	pairs1 := outsByPair(lbs)
+	for _, b := range lbs {
+		for _, s := range servers {
+			k := b.Name + "/" + s.addr
+			if pairs1[k] == pairs0[k] {
+				dr.NotTakenOut = append(dr.NotTakenOut, b.Name+"/"+s.name)
+			}
+		}
+	}
 	return dr, err
 }
 
@@ -432,6 +442,18 @@ func watchdogTotals(servers []*server) (runs, restarts int64) {
 		restarts += s.watchdogRestarts.Load()
 	}
 	return runs, restarts
+}
+
+// outsByPair counts, for each node/upstream pair, the times the node took
+// the upstream out of rotation.
+func outsByPair(lbs []*Balancer) map[string]int {
+	n := map[string]int{}
+	for _, b := range lbs {
+		for addr, h := range b.Health.All() {
+			n[b.Name+"/"+addr] += h.Outs
+		}
+	}
+	return n
 }
 
 // outs counts every time any node took any upstream out of rotation.

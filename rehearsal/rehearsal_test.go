@@ -62,8 +62,11 @@ func TestRehearsal(t *testing.T) {
 		assert.Zero(t, d.WatchdogRestarts, "prod deploy %d: watchdog restarts", d.Deploy)
 		assert.Len(t, d.ServerSeconds, c.Servers, "prod deploy %d: every server deployed", d.Deploy)
 		// The handshake really happened: each node took each server out
-		// before its listener closed (else no 502 could be luck).
-		assert.Equal(t, 2*c.Servers, d.TakenOut, "prod deploy %d: servers taken out by the balancer nodes", d.Deploy)
+		// before its listener closed (else no 502 could be luck). A node may
+		// take a server out once more when a check of a loaded host times
+		// out: that loses no request.
+		assert.Empty(t, d.NotTakenOut, "prod deploy %d: node/server pairs where the node never took the server out", d.Deploy)
+		assert.GreaterOrEqual(t, d.TakenOut, 2*c.Servers, "prod deploy %d: servers taken out by the balancer nodes", d.Deploy)
 		assert.Positive(t, d.OK, "prod deploy %d: traffic flowed", d.Deploy)
 	}
 	assert.Positive(t, prod.Total.WatchdogRuns, "the watchdog ran during the deploys")

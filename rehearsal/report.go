@@ -73,6 +73,12 @@ type DeployReport struct {
 	// a deploying server out of rotation: with a working drain, every node,
 	// every server.
 	TakenOut int `json:"taken_out"`
+	// NotTakenOut names each node/server pair where the node never took the
+	// deploying server out: with a working drain there is none. A node may
+	// also take a server out once more when a check of a busy host misses
+	// its timeout; that costs capacity, never a request, so TakenOut may
+	// exceed servers × nodes.
+	NotTakenOut []string `json:"not_taken_out,omitempty"`
 	// WatchdogRuns and WatchdogRestarts are the watchdog's runs on every
 	// server during the deploy and the services it restarted.
 	WatchdogRuns     int `json:"watchdog_runs"`
