@@ -25,6 +25,12 @@ type PlannedResource struct {
 	// DependsOn are the URNs of every resource it waits for: those named in
 	// pulumi.DependsOn and those whose outputs are among its inputs.
 	DependsOn []string
+	// ID and ARN are the placeholders the mock engine answered with; other
+	// resources' inputs carry them where they refer to this one.
+	ID, ARN string
+	// Deps maps each top-level input to the URNs of the resources its value
+	// came from (Pulumi's property dependencies).
+	Deps map[string][]string
 }
 
 // Recorder is a Pulumi mock engine (pulumi.MockResourceMonitor) that records
@@ -62,6 +68,13 @@ func (r *Recorder) NewResource(args pulumi.MockResourceArgs) (string, resource.P
 		pr.Protect = rpc.GetProtect()
 		pr.RetainOnDelete = rpc.GetRetainOnDelete()
 		pr.DependsOn = rpc.GetDependencies()
+		pr.Deps = map[string][]string{}
+		for k, d := range rpc.GetPropertyDependencies() {
+			pr.Deps[k] = d.GetUrns()
+		}
+	}
+	if args.Custom {
+		pr.ID, pr.ARN = "dry-plan-"+args.Name, "arn:dry-plan:"+args.Name
 	}
 	r.resources = append(r.resources, pr)
 	r.mu.Unlock()
@@ -70,7 +83,7 @@ func (r *Recorder) NewResource(args pulumi.MockResourceArgs) (string, resource.P
 	if !args.Custom {
 		return "", state, nil
 	}
-	state["arn"] = resource.NewProperty("arn:dry-plan:" + args.Name)
+	state["arn"] = resource.NewProperty(pr.ARN)
 	switch args.TypeToken {
 	case TypeLoadBalancer:
 		state["dnsName"] = resource.NewProperty(args.Name + ".dry-plan.invalid")
@@ -79,7 +92,7 @@ func (r *Recorder) NewResource(args pulumi.MockResourceArgs) (string, resource.P
 	case TypeTargetGroup:
 		state["arnSuffix"] = resource.NewProperty("targetgroup/" + args.Name + "/dry-plan")
 	}
-	return "dry-plan-" + args.Name, state, nil
+	return pr.ID, state, nil
 }
 
 // Call answers the program's provider functions with r.Lookups, or

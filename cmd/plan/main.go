@@ -8,9 +8,14 @@
 //
 // An invalid timing or stack config exits 1 with every validation error.
 //
+// With -tf-json FILE it also writes the planned AWS resources as Terraform
+// JSON (infra.TerraformJSON), for trivy to scan: pulumi-aws is bridged from
+// the Terraform provider, so its resources are Terraform's. An unmapped
+// resource type fails the export by name, and no file is written.
+//
 // Usage, from the repository root:
 //
-//	go run ./cmd/plan [-stack-file Pulumi.prod.yaml]
+//	go run ./cmd/plan [-stack-file Pulumi.prod.yaml] [-tf-json plan/main.tf.json]
 package main
 
 import (
@@ -21,6 +26,7 @@ import (
 	"io"
 	"maps"
 	"os"
+	"path/filepath"
 	"reflect"
 	"slices"
 	"sort"
@@ -39,15 +45,21 @@ import (
 func main() {
 	stackFile := flag.String("stack-file", "Pulumi.prod.yaml",
 		"the stack's Pulumi.<stack>.yaml; Pulumi.yaml must be beside it")
+	tfJSON := flag.String("tf-json", "",
+		"also write the planned resources as Terraform JSON to this file (a *.tf.json), for trivy")
 	flag.Parse()
 	if flag.NArg() > 0 {
 		fmt.Fprintf(os.Stderr, "plan: unexpected arguments %q\n", flag.Args())
 		flag.Usage()
 		os.Exit(2)
 	}
+	if *tfJSON != "" && !strings.HasSuffix(*tfJSON, ".tf.json") {
+		fmt.Fprintf(os.Stderr, "plan: -tf-json %q must end in .tf.json, or scanners skip it\n", *tfJSON)
+		os.Exit(2)
+	}
 	stack, err := infra.LoadStackFile(*stackFile)
 	if err == nil {
-		err = writePlan(os.Stdout, infra.Prod(), stack)
+		err = writePlan(os.Stdout, infra.Prod(), stack, *tfJSON)
 	}
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "plan: %v\n", err)
@@ -75,9 +87,10 @@ var typeOrder = []string{
 }
 
 // writePlan runs the stack's program with timing t and the config of stack
-// under the mock engine and writes the plan to w. Nothing is written when
-// the program fails: the error carries every validation problem.
-func writePlan(w io.Writer, t infra.Timing, stack infra.StackFile) error {
+// under the mock engine and writes the plan to w, and, when tfJSON is not
+// empty, the Terraform JSON export to that file. Nothing is written when the
+// program or the export fails: the error carries every problem.
+func writePlan(w io.Writer, t infra.Timing, stack infra.StackFile, tfJSON string) error {
 	rec := &infra.Recorder{}
 	outputs := make(chan map[string]any, 1)
 	var buildErr error // the program's own error, without the engine's wrapping
@@ -116,6 +129,12 @@ func writePlan(w io.Writer, t infra.Timing, stack infra.StackFile) error {
 	fmt.Fprintf(&b, "Timing is the compiled contract; no stack can override it. Inputs marked ← come from it.\n\n")
 
 	resources := rec.Resources()
+	var export []byte
+	if tfJSON != "" {
+		if export, err = infra.TerraformJSON(resources); err != nil {
+			return fmt.Errorf("stack %s: %w", stack.Stack, err)
+		}
+	}
 	sortResources(resources)
 	marks := timingMarks(t)
 	aws := 0
@@ -147,8 +166,34 @@ func writePlan(w io.Writer, t infra.Timing, stack infra.StackFile) error {
 	}
 	fmt.Fprintf(&b, "\nPlan: %d resources to create in stack %s (%d AWS resources under 1 component). Dry plan only: nothing was sent to AWS.\n",
 		len(resources), stack.Stack, aws)
+	if export != nil {
+		if err := writeFileAtomic(tfJSON, export); err != nil {
+			return err
+		}
+	}
 	if _, err := io.WriteString(w, trimLines(b.String())); err != nil {
 		return fmt.Errorf("write plan: %w", err)
+	}
+	return nil
+}
+
+// writeFileAtomic writes data to path through a temporary file in the same
+// directory, so a scanner never reads half an export.
+func writeFileAtomic(path string, data []byte) error {
+	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".*")
+	if err != nil {
+		return fmt.Errorf("write Terraform JSON: %w", err)
+	}
+	_, err = f.Write(data)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Rename(f.Name(), path)
+	}
+	if err != nil {
+		_ = os.Remove(f.Name())
+		return fmt.Errorf("write Terraform JSON %s: %w", path, err)
 	}
 	return nil
 }

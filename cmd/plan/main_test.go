@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"encoding/json"
 	"errors"
 	"os"
 	"os/exec"
@@ -55,7 +56,7 @@ func TestPlanMarksEveryTimingInputWithItsField(t *testing.T) {
 	for name, tm := range map[string]infra.Timing{"prod": infra.Prod(), "slow": slow} {
 		t.Run(name, func(t *testing.T) {
 			var out bytes.Buffer
-			require.NoError(t, writePlan(&out, tm, loadProd(t)))
+			require.NoError(t, writePlan(&out, tm, loadProd(t), ""))
 			plan := out.String()
 			want := []struct{ input, value, from string }{
 				{"idleTimeout", secs(tm.LBIdleTimeout), "Timing.LBIdleTimeout = " + contract.FormatDuration(tm.LBIdleTimeout)},
@@ -80,7 +81,7 @@ func TestPlanMarksEveryTimingInputWithItsField(t *testing.T) {
 
 func TestPlanSaysWhatItIsAndListsEverything(t *testing.T) {
 	var out bytes.Buffer
-	require.NoError(t, writePlan(&out, infra.Prod(), loadProd(t)))
+	require.NoError(t, writePlan(&out, infra.Prod(), loadProd(t), ""))
 	plan := out.String()
 
 	assert.True(t, strings.HasPrefix(plan, "Dry plan of stack prod (project mythex-infra) under the Pulumi mock engine: no AWS calls, not a preview."),
@@ -161,7 +162,7 @@ func TestPlanRefusesAnInvalidTiming(t *testing.T) {
 	broken.Drain = 12 * time.Second
 	broken.DeregistrationDelay = 5 * time.Second
 	var out bytes.Buffer
-	err := writePlan(&out, broken, loadProd(t))
+	err := writePlan(&out, broken, loadProd(t), "")
 	require.Error(t, err)
 	var ite *infra.InvalidTimingError
 	assert.True(t, errors.As(err, &ite), "the error is the timing's own: %v", err)
@@ -201,6 +202,9 @@ func TestPlanCommand(t *testing.T) {
     - i-0123456789abcdef0
 `), 0o600))
 
+	out := t.TempDir()
+	export := filepath.Join(out, "prod.tf.json")
+	badExport := filepath.Join(out, "bad.tf.json")
 	tests := []struct {
 		name       string
 		args       []string
@@ -209,10 +213,27 @@ func TestPlanCommand(t *testing.T) {
 		stderrHas  []string
 		stdoutHas  string
 		stdoutNone bool
+		// export is the -tf-json file the run must leave (or, with
+		// noExport, must not).
+		export   string
+		noExport bool
 	}{
 		{
 			name: "prod", code: 0,
 			stdoutHas: "Dry plan of stack prod (project mythex-infra) under the Pulumi mock engine: no AWS calls, not a preview.",
+		},
+		{
+			name: "prod with export", args: []string{"-tf-json", export}, code: 0, export: export,
+			stdoutHas: "Dry plan of stack prod (project mythex-infra) under the Pulumi mock engine: no AWS calls, not a preview.",
+		},
+		{
+			name: "export to a file scanners skip", args: []string{"-tf-json", filepath.Join(out, "plan.json")}, code: 2, stdoutNone: true,
+			stderrHas: []string{`plan: -tf-json "` + filepath.Join(out, "plan.json") + `" must end in .tf.json`},
+		},
+		{
+			name: "no export of a bad stack", args: []string{"-stack-file", filepath.Join(bad, "Pulumi.prod.yaml"), "-tf-json", badExport},
+			code: 1, stdoutNone: true, export: badExport, noExport: true,
+			stderrHas: []string{"plan: stack prod: invalid stack config: 5 problem(s)"},
 		},
 		{
 			name: "bad stack file", args: []string{"-stack-file", filepath.Join(bad, "Pulumi.prod.yaml")}, code: 1, stdoutNone: true,
@@ -257,6 +278,23 @@ func TestPlanCommand(t *testing.T) {
 			}
 			if tc.stdoutNone {
 				assert.Empty(t, stdout.String(), "nothing on stdout when there is no plan")
+			}
+			if tc.export != "" {
+				doc, err := os.ReadFile(tc.export)
+				if tc.noExport {
+					assert.ErrorIs(t, err, os.ErrNotExist, "no export of a plan that cannot be made")
+					return
+				}
+				require.NoError(t, err, "the export is written")
+				var parsed struct {
+					Resource map[string]map[string]any `json:"resource"`
+				}
+				require.NoError(t, json.Unmarshal(doc, &parsed))
+				assert.Contains(t, parsed.Resource["aws_lb"], infra.ComponentName+"-alb", "the export holds the ALB")
+				assert.Len(t, parsed.Resource["aws_lb_target_group_attachment"], 2, "and every other resource")
+				leftovers, err := filepath.Glob(filepath.Join(filepath.Dir(tc.export), ".*"))
+				require.NoError(t, err)
+				assert.Empty(t, leftovers, "no temporary file is left behind")
 			}
 		})
 	}

@@ -1,0 +1,335 @@
+package infra
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math"
+	"regexp"
+	"slices"
+	"strings"
+	"unicode"
+
+	"github.com/pulumi/pulumi/sdk/v3/go/common/resource"
+)
+
+// The planned resources can be handed to Terraform scanners (trivy) because
+// pulumi-aws is bridged from the Terraform AWS provider: each resource type is
+// one of Terraform's, and each input is the Terraform argument of the same
+// name in camelCase. What the bridge changes and a scanner sees is the shape:
+// a nested block (health_check, default_action) is an object or a list of
+// objects whose Pulumi name may be pluralised (defaultActions). So every type
+// and every nested block is declared here; anything else is refused by name
+// rather than written in a shape a scanner would silently skip.
+
+// tfShape is how one Pulumi resource type, or one nested block, is written in
+// Terraform.
+type tfShape struct {
+	// Name is the Terraform resource type, or the block's type.
+	Name string
+	// Blocks are the object-valued inputs written as nested blocks, by Pulumi
+	// input name.
+	Blocks map[string]tfShape
+	// Maps are the object-valued inputs that are map arguments (tags).
+	Maps []string
+}
+
+var tags = []string{"tags"}
+
+// terraformTypes maps every resource type the program creates to Terraform.
+// A new type in the program fails the export until it is added here, with its
+// blocks (the provider's docs for the resource list them).
+var terraformTypes = map[string]tfShape{
+	TypeLoadBalancer: {Name: "aws_lb", Maps: tags, Blocks: map[string]tfShape{
+		"accessLogs":                  {Name: "access_logs"},
+		"connectionLogs":              {Name: "connection_logs"},
+		"subnetMappings":              {Name: "subnet_mapping"},
+		"minimumLoadBalancerCapacity": {Name: "minimum_load_balancer_capacity"},
+	}},
+	TypeTargetGroup: {Name: "aws_lb_target_group", Maps: tags, Blocks: map[string]tfShape{
+		"healthCheck": {Name: "health_check"},
+		"stickiness":  {Name: "stickiness"},
+	}},
+	TypeListener: {Name: "aws_lb_listener", Maps: tags, Blocks: map[string]tfShape{
+		"defaultActions": {Name: "default_action", Blocks: map[string]tfShape{
+			"redirect":      {Name: "redirect"},
+			"fixedResponse": {Name: "fixed_response"},
+			"forward": {Name: "forward", Blocks: map[string]tfShape{
+				"targetGroups": {Name: "target_group"},
+				"stickiness":   {Name: "stickiness"},
+			}},
+		}},
+		"mutualAuthentication": {Name: "mutual_authentication"},
+	}},
+	TypeAttachment: {Name: "aws_lb_target_group_attachment"},
+	TypeSecurityGroup: {Name: "aws_security_group", Maps: tags, Blocks: map[string]tfShape{
+		"ingress": {Name: "ingress"},
+		"egress":  {Name: "egress"},
+	}},
+	TypeIngressRule: {Name: "aws_vpc_security_group_ingress_rule", Maps: tags},
+	TypeEgressRule:  {Name: "aws_vpc_security_group_egress_rule", Maps: tags},
+}
+
+// TerraformType is the Terraform resource type of a Pulumi type token, or ""
+// when the export does not map it.
+func TerraformType(token string) string {
+	return terraformTypes[token].Name
+}
+
+// tfLabel is what Terraform accepts as a resource name.
+var tfLabel = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_-]*$`)
+
+// TerraformJSON writes the planned AWS resources as a Terraform JSON
+// configuration (a *.tf.json file): each resource under its Terraform type and
+// its Pulumi name, its inputs under their Terraform names and in Terraform's
+// block shapes, and every input that carries another resource's id or ARN as
+// a reference to it ("${aws_lb.mythex-alb.arn}"), so a scanner can tell which
+// listener belongs to which load balancer and which rule to which security
+// group. Components are left out: AWS never sees them.
+//
+// Every unmapped resource type and nested object is reported by name, all
+// at once, and nothing is written.
+func TerraformJSON(rs []PlannedResource) ([]byte, error) {
+	byKey := map[string]PlannedResource{}
+	for _, r := range rs {
+		if r.Custom {
+			byKey[r.Type+"::"+r.Name] = r
+		}
+	}
+	var errs []error
+	out := map[string]map[string]any{}
+	for _, r := range rs {
+		if !r.Custom {
+			continue
+		}
+		shape, ok := terraformTypes[r.Type]
+		if !ok {
+			errs = append(errs, fmt.Errorf("%s %s: no Terraform type for %s (add it to terraformTypes in infra/terraform.go)", r.Type, r.Name, r.Type))
+			continue
+		}
+		if !tfLabel.MatchString(r.Name) {
+			errs = append(errs, fmt.Errorf("%s %s: %q is not a Terraform resource name", r.Type, r.Name, r.Name))
+			continue
+		}
+		c := converter{res: r, byKey: byKey}
+		body := c.object(shape, r.Inputs, "")
+		if len(c.errs) > 0 {
+			errs = append(errs, c.errs...)
+			continue
+		}
+		if out[shape.Name] == nil {
+			out[shape.Name] = map[string]any{}
+		}
+		if _, dup := out[shape.Name][r.Name]; dup {
+			errs = append(errs, fmt.Errorf("%s %s: two resources would be %s.%s", r.Type, r.Name, shape.Name, r.Name))
+			continue
+		}
+		out[shape.Name][r.Name] = body
+	}
+	if err := errors.Join(errs...); err != nil {
+		return nil, fmt.Errorf("export to Terraform JSON: %w", err)
+	}
+	doc := map[string]any{
+		"//":       "Generated by `go run ./cmd/plan -tf-json` from the Pulumi program under the mock engine, for scanners: ids and ARNs are placeholders. Do not edit.",
+		"resource": out,
+	}
+	var b bytes.Buffer
+	enc := json.NewEncoder(&b)
+	enc.SetEscapeHTML(false)
+	enc.SetIndent("", "  ")
+	if err := enc.Encode(doc); err != nil {
+		return nil, fmt.Errorf("export to Terraform JSON: %w", err)
+	}
+	return b.Bytes(), nil
+}
+
+// converter turns one resource's inputs into Terraform JSON, collecting every
+// problem.
+type converter struct {
+	res   PlannedResource
+	byKey map[string]PlannedResource
+	errs  []error
+}
+
+func (c *converter) fail(path, format string, args ...any) {
+	c.errs = append(c.errs, fmt.Errorf("%s %s: input %s: %s", c.res.Type, c.res.Name, path, fmt.Sprintf(format, args...)))
+}
+
+// object converts an object written as shape; top is the top-level input
+// it sits under ("" for the resource itself), whose dependencies resolve
+// references.
+func (c *converter) object(shape tfShape, m resource.PropertyMap, path string) map[string]any {
+	body := map[string]any{}
+	for _, k := range slices.Sorted(func(yield func(string) bool) {
+		for k := range m {
+			if !yield(string(k)) {
+				return
+			}
+		}
+	}) {
+		v := unwrap(m[resource.PropertyKey(k)])
+		if v.IsNull() {
+			continue
+		}
+		p, top := k, k
+		if path != "" {
+			p, top = path+"."+k, strings.SplitN(path, ".", 2)[0]
+		}
+		name := snakeCase(k)
+		var val any
+		switch block, isBlock := shape.Blocks[k]; {
+		case isBlock:
+			name = block.Name
+			val = c.block(block, v, p)
+		case slices.Contains(shape.Maps, k):
+			val = c.stringMap(v, p)
+		default:
+			val = c.value(v, p, top)
+		}
+		if _, dup := body[name]; dup {
+			c.fail(p, "a second input would be Terraform's %s", name)
+			continue
+		}
+		body[name] = val
+	}
+	return body
+}
+
+// block writes a nested block: one object, or a list of them (a list
+// block, one element each).
+func (c *converter) block(shape tfShape, v resource.PropertyValue, path string) any {
+	switch {
+	case v.IsObject():
+		return c.object(shape, v.ObjectValue(), path)
+	case v.IsArray():
+		list := []any{}
+		for i, e := range v.ArrayValue() {
+			e = unwrap(e)
+			if !e.IsObject() {
+				c.fail(fmt.Sprintf("%s.%d", path, i), "block %s needs an object, got %s", shape.Name, e.TypeString())
+				continue
+			}
+			list = append(list, c.object(shape, e.ObjectValue(), fmt.Sprintf("%s.%d", path, i)))
+		}
+		return list
+	default:
+		c.fail(path, "block %s needs an object, got %s", shape.Name, v.TypeString())
+		return nil
+	}
+}
+
+func (c *converter) stringMap(v resource.PropertyValue, path string) any {
+	if !v.IsObject() {
+		c.fail(path, "a map needs an object, got %s", v.TypeString())
+		return nil
+	}
+	out := map[string]any{}
+	for k, e := range v.ObjectValue() {
+		e = unwrap(e)
+		if !e.IsString() {
+			c.fail(path+"."+string(k), "a map entry needs a string, got %s", e.TypeString())
+			continue
+		}
+		out[string(k)] = escape(e.StringValue())
+	}
+	return out
+}
+
+// value converts a scalar or a list of scalars.
+func (c *converter) value(v resource.PropertyValue, path, top string) any {
+	switch {
+	case v.IsString():
+		if ref, ok := c.reference(v.StringValue(), top); ok {
+			return ref
+		}
+		return escape(v.StringValue())
+	case v.IsBool():
+		return v.BoolValue()
+	case v.IsNumber():
+		n := v.NumberValue()
+		if n == math.Trunc(n) && math.Abs(n) < 1<<53 {
+			return int64(n)
+		}
+		return n
+	case v.IsArray():
+		list := []any{}
+		for i, e := range v.ArrayValue() {
+			e = unwrap(e)
+			if e.IsObject() || e.IsArray() {
+				c.fail(fmt.Sprintf("%s.%d", path, i), "nested %s has no Terraform shape here (declare the block in terraformTypes)", e.TypeString())
+				continue
+			}
+			list = append(list, c.value(e, fmt.Sprintf("%s.%d", path, i), top))
+		}
+		return list
+	case v.IsObject():
+		c.fail(path, "an object with no Terraform shape (declare it as a block or a map in terraformTypes)")
+		return nil
+	default:
+		c.fail(path, "a %s value cannot be written (unknown or not plain)", v.TypeString())
+		return nil
+	}
+}
+
+// reference turns s into a Terraform reference when the top-level input it
+// sits under depends on a resource whose id or ARN s is.
+func (c *converter) reference(s, top string) (string, bool) {
+	for _, u := range c.res.Deps[top] {
+		urn := resource.URN(u)
+		if !urn.IsValid() {
+			continue
+		}
+		dep, ok := c.byKey[string(urn.Type())+"::"+urn.Name()]
+		if !ok {
+			continue
+		}
+		shape, ok := terraformTypes[dep.Type]
+		if !ok {
+			continue // reported for dep itself
+		}
+		switch s {
+		case dep.ID:
+			return "${" + shape.Name + "." + dep.Name + ".id}", true
+		case dep.ARN:
+			return "${" + shape.Name + "." + dep.Name + ".arn}", true
+		}
+	}
+	return "", false
+}
+
+// unwrap looks through secrets and resolved outputs to the plain value.
+func unwrap(v resource.PropertyValue) resource.PropertyValue {
+	for {
+		switch {
+		case v.IsSecret():
+			v = v.SecretValue().Element
+		case v.IsOutput() && v.OutputValue().Known:
+			v = v.OutputValue().Element
+		default:
+			return v
+		}
+	}
+}
+
+// escape keeps a literal string literal: Terraform JSON reads "${" and "%{"
+// as template syntax.
+func escape(s string) string {
+	return strings.NewReplacer("${", "$${", "%{", "%%{").Replace(s)
+}
+
+// snakeCase is the Terraform name of a Pulumi input: the bridge derives
+// camelCase from Terraform's snake_case (enableHttp2 ← enable_http2).
+func snakeCase(s string) string {
+	var b strings.Builder
+	for i, r := range s {
+		if unicode.IsUpper(r) {
+			if i > 0 {
+				b.WriteByte('_')
+			}
+			r = unicode.ToLower(r)
+		}
+		b.WriteRune(r)
+	}
+	return b.String()
+}

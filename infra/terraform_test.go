@@ -1,0 +1,184 @@
+package infra
+
+import (
+	"encoding/json"
+	"testing"
+
+	"github.com/pulumi/pulumi/sdk/v3/go/common/resource"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// exportProd exports the prod program's plan and reads it back as JSON:
+// type → name → body.
+func exportProd(t *testing.T, rs []PlannedResource) map[string]map[string]map[string]any {
+	t.Helper()
+	doc, err := TerraformJSON(rs)
+	require.NoError(t, err, "export the prod plan")
+	var parsed struct {
+		Resource map[string]map[string]map[string]any `json:"resource"`
+	}
+	require.NoError(t, json.Unmarshal(doc, &parsed), "the export is JSON:\n%s", doc)
+	return parsed.Resource
+}
+
+func TestTerraformJSONHasEveryResourceUnderItsTerraformType(t *testing.T) {
+	rs := planProd(t)
+	got := exportProd(t, rs)
+	want := map[string]map[string]bool{}
+	for _, r := range rs[1:] {
+		tf := TerraformType(r.Type)
+		require.NotEmpty(t, tf, "%s %s has a Terraform type", r.Type, r.Name)
+		if want[tf] == nil {
+			want[tf] = map[string]bool{}
+		}
+		want[tf][r.Name] = true
+	}
+	gotNames := map[string]map[string]bool{}
+	for typ, byName := range got {
+		gotNames[typ] = map[string]bool{}
+		for name := range byName {
+			gotNames[typ][name] = true
+		}
+	}
+	assert.Equal(t, want, gotNames, "every AWS resource once, the component not at all")
+	// The types, spelled out: a typo in the table would otherwise be its own proof.
+	assert.Equal(t, map[string]string{
+		TypeLoadBalancer:  "aws_lb",
+		TypeTargetGroup:   "aws_lb_target_group",
+		TypeListener:      "aws_lb_listener",
+		TypeAttachment:    "aws_lb_target_group_attachment",
+		TypeSecurityGroup: "aws_security_group",
+		TypeIngressRule:   "aws_vpc_security_group_ingress_rule",
+		TypeEgressRule:    "aws_vpc_security_group_egress_rule",
+	}, func() map[string]string {
+		m := map[string]string{}
+		for k, v := range terraformTypes {
+			m[k] = v.Name
+		}
+		return m
+	}())
+}
+
+func TestTerraformJSONUsesTerraformNamesAndBlocks(t *testing.T) {
+	tm := altTiming(t)
+	rs, err := runProgram(t, tm, "prod", prodConfig(t))
+	require.NoError(t, err)
+	got := exportProd(t, rs)
+	alb := got["aws_lb"][ComponentName+"-alb"]
+	assert.Equal(t, true, alb["drop_invalid_header_fields"], "aws_lb %s", ComponentName+"-alb")
+	assert.Equal(t, false, alb["internal"])
+	assert.Equal(t, true, alb["enable_http2"], "digits stay with their word: enableHttp2 → enable_http2")
+	assert.Equal(t, float64(seconds(tm.LBIdleTimeout)), alb["idle_timeout"])
+	assert.Equal(t, map[string]any{"bucket": "mythex-placeholder-alb-access-logs", "prefix": "mythex-infra/prod", "enabled": true}, alb["access_logs"],
+		"access_logs is a block (one object)")
+
+	tg := got["aws_lb_target_group"][ComponentName+"-tg"]
+	hc, ok := tg["health_check"].(map[string]any)
+	require.True(t, ok, "health_check is a block: %v", tg)
+	assert.Equal(t, float64(seconds(tm.HealthCheckInterval)), hc["interval"])
+	assert.Equal(t, float64(tm.UnhealthyThreshold), hc["unhealthy_threshold"])
+	assert.Equal(t, float64(seconds(tm.DeregistrationDelay)), tg["deregistration_delay"])
+
+	http := got["aws_lb_listener"][ComponentName+"-http"]
+	assert.Equal(t, []any{map[string]any{
+		"type":     "redirect",
+		"redirect": map[string]any{"protocol": "HTTPS", "port": "443", "status_code": "HTTP_301"},
+	}}, http["default_action"], "defaultActions is a list of default_action blocks")
+	assert.NotContains(t, http, "default_actions")
+	https := got["aws_lb_listener"][ComponentName+"-https"]
+	assert.Equal(t, TLSPolicy, https["ssl_policy"])
+
+	rule := got["aws_vpc_security_group_ingress_rule"][ComponentName+"-alb-in-http-ipv6"]
+	assert.Equal(t, "::/0", rule["cidr_ipv6"])
+	assert.Equal(t, "tcp", rule["ip_protocol"])
+	assert.Equal(t, float64(80), rule["from_port"])
+}
+
+// References are what let trivy attach a listener to its load balancer and a
+// rule to its security group; without them both are checked as orphans.
+func TestTerraformJSONKeepsReferences(t *testing.T) {
+	got := exportProd(t, planProd(t))
+	albSG := "${aws_security_group." + ComponentName + "-alb-sg.id}"
+	srvSG := "${aws_security_group." + ComponentName + "-servers-sg.id}"
+	tgARN := "${aws_lb_target_group." + ComponentName + "-tg.arn}"
+
+	assert.Equal(t, []any{albSG}, got["aws_lb"][ComponentName+"-alb"]["security_groups"])
+	for _, name := range []string{"-http", "-https"} {
+		assert.Equal(t, "${aws_lb."+ComponentName+"-alb.arn}", got["aws_lb_listener"][ComponentName+name]["load_balancer_arn"], "listener %s", name)
+	}
+	assert.Equal(t, tgARN, got["aws_lb_listener"][ComponentName+"-https"]["default_action"].([]any)[0].(map[string]any)["target_group_arn"])
+	for name, a := range got["aws_lb_target_group_attachment"] {
+		assert.Equal(t, tgARN, a["target_group_arn"], "attachment %s", name)
+	}
+	for name, r := range got["aws_vpc_security_group_ingress_rule"] {
+		want := albSG
+		if name == ComponentName+"-servers-in-app" {
+			want = srvSG
+			assert.Equal(t, albSG, r["referenced_security_group_id"], "%s admits the ALB's group", name)
+		}
+		assert.Equal(t, want, r["security_group_id"], "ingress rule %s", name)
+	}
+	e := got["aws_vpc_security_group_egress_rule"][ComponentName+"-alb-out-app"]
+	assert.Equal(t, albSG, e["security_group_id"])
+	assert.Equal(t, srvSG, e["referenced_security_group_id"])
+}
+
+func TestTerraformJSONRefusesWhatItCannotMap(t *testing.T) {
+	rs := planProd(t)
+	bucket := PlannedResource{Type: "aws:s3/bucketPolicy:BucketPolicy", Name: "mythex-logs-policy", Custom: true,
+		Inputs: resource.PropertyMap{"bucket": resource.NewProperty("logs")}}
+	tg := findResource(t, rs, TypeTargetGroup, ComponentName+"-tg")
+	tg.Inputs = tg.Inputs.Copy()
+	tg.Inputs["targetFailovers"] = resource.NewProperty([]resource.PropertyValue{
+		resource.NewProperty(resource.PropertyMap{"onDeregistration": resource.NewProperty("rebalance")}),
+	})
+	tg.Inputs["unknownObject"] = resource.NewProperty(resource.PropertyMap{"a": resource.NewProperty("b")})
+	var withBad []PlannedResource
+	for _, r := range rs {
+		if r.Type == TypeTargetGroup {
+			r = tg
+		}
+		withBad = append(withBad, r)
+	}
+	withBad = append(withBad, bucket)
+
+	doc, err := TerraformJSON(withBad)
+	require.Error(t, err)
+	assert.Nil(t, doc, "nothing is written")
+	for _, want := range []string{
+		"aws:s3/bucketPolicy:BucketPolicy mythex-logs-policy: no Terraform type for aws:s3/bucketPolicy:BucketPolicy",
+		TypeTargetGroup + " mythex-tg: input targetFailovers.0: nested object has no Terraform shape here",
+		TypeTargetGroup + " mythex-tg: input unknownObject: an object with no Terraform shape",
+	} {
+		assert.Contains(t, err.Error(), want)
+	}
+}
+
+func TestTerraformJSONKeepsLiteralsLiteral(t *testing.T) {
+	r := PlannedResource{Type: TypeSecurityGroup, Name: "sg", Custom: true, ID: "dry-plan-sg", Inputs: resource.PropertyMap{
+		"description": resource.NewProperty("costs ${var.x} and %{if}"),
+		"tags":        resource.NewProperty(resource.PropertyMap{"note": resource.NewProperty("${y}")}),
+		// The id of another resource, but nothing says this input came from it.
+		"vpcId": resource.NewProperty("dry-plan-sg"),
+	}}
+	doc, err := TerraformJSON([]PlannedResource{r})
+	require.NoError(t, err)
+	s := string(doc)
+	assert.Contains(t, s, `"description": "costs $${var.x} and %%{if}"`)
+	assert.Contains(t, s, `"note": "$${y}"`)
+	assert.Contains(t, s, `"vpc_id": "dry-plan-sg"`, "only an input that depends on a resource refers to it")
+}
+
+func TestSnakeCase(t *testing.T) {
+	for in, want := range map[string]string{
+		"dropInvalidHeaderFields":   "drop_invalid_header_fields",
+		"enableHttp2":               "enable_http2",
+		"cidrIpv4":                  "cidr_ipv4",
+		"ipv6CidrBlocks":            "ipv6_cidr_blocks",
+		"referencedSecurityGroupId": "referenced_security_group_id",
+		"port":                      "port",
+	} {
+		assert.Equal(t, want, snakeCase(in), in)
+	}
+}
