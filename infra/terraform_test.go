@@ -2,27 +2,84 @@ package infra
 
 import (
 	"encoding/json"
+	"strings"
 	"testing"
 
+	"github.com/hashicorp/hcl/v2"
+	"github.com/hashicorp/hcl/v2/hclsyntax"
 	"github.com/pulumi/pulumi/sdk/v3/go/common/resource"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	ctyjson "github.com/zclconf/go-cty/cty/json"
 )
 
-// exportProd exports the prod program's plan and reads it back as JSON:
-// type → name → body.
+// exportProd exports a plan and reads it back: type → name → body, where a
+// body maps each argument to its value (a reference as "${type.name.attr}")
+// and each nested block type to the list of its blocks.
 func exportProd(t *testing.T, rs []PlannedResource) map[string]map[string]map[string]any {
 	t.Helper()
-	doc, err := TerraformJSON(rs)
-	require.NoError(t, err, "export the prod plan")
-	var parsed struct {
-		Resource map[string]map[string]map[string]any `json:"resource"`
-	}
-	require.NoError(t, json.Unmarshal(doc, &parsed), "the export is JSON:\n%s", doc)
-	return parsed.Resource
+	doc, err := TerraformHCL(rs)
+	require.NoError(t, err, "export the plan")
+	return parseExport(t, doc)
 }
 
-func TestTerraformJSONHasEveryResourceUnderItsTerraformType(t *testing.T) {
+func parseExport(t *testing.T, doc []byte) map[string]map[string]map[string]any {
+	t.Helper()
+	f, diags := hclsyntax.ParseConfig(doc, "main.tf", hcl.InitialPos)
+	require.False(t, diags.HasErrors(), "the export is Terraform: %v\n%s", diags, doc)
+	out := map[string]map[string]map[string]any{}
+	for _, b := range f.Body.(*hclsyntax.Body).Blocks {
+		require.Equal(t, "resource", b.Type, "only resources at the top")
+		require.Len(t, b.Labels, 2, "a resource has a type and a name")
+		if out[b.Labels[0]] == nil {
+			out[b.Labels[0]] = map[string]map[string]any{}
+		}
+		require.NotContains(t, out[b.Labels[0]], b.Labels[1], "%s.%s once", b.Labels[0], b.Labels[1])
+		out[b.Labels[0]][b.Labels[1]] = readBody(t, b.Body)
+	}
+	return out
+}
+
+func readBody(t *testing.T, b *hclsyntax.Body) map[string]any {
+	m := map[string]any{}
+	for name, a := range b.Attributes {
+		m[name] = readExpr(t, a.Expr)
+	}
+	for _, blk := range b.Blocks {
+		list, _ := m[blk.Type].([]any)
+		m[blk.Type] = append(list, readBody(t, blk.Body))
+	}
+	return m
+}
+
+func readExpr(t *testing.T, e hclsyntax.Expression) any {
+	switch e := e.(type) {
+	case *hclsyntax.ScopeTraversalExpr:
+		parts := []string{e.Traversal.RootName()}
+		for _, step := range e.Traversal[1:] {
+			attr, ok := step.(hcl.TraverseAttr)
+			require.True(t, ok, "a reference is type.name.attr")
+			parts = append(parts, attr.Name)
+		}
+		return "${" + strings.Join(parts, ".") + "}"
+	case *hclsyntax.TupleConsExpr:
+		list := []any{}
+		for _, el := range e.Exprs {
+			list = append(list, readExpr(t, el))
+		}
+		return list
+	default:
+		v, diags := e.Value(nil)
+		require.False(t, diags.HasErrors(), "a literal: %v", diags)
+		j, err := ctyjson.SimpleJSONValue{Value: v}.MarshalJSON()
+		require.NoError(t, err)
+		var out any
+		require.NoError(t, json.Unmarshal(j, &out))
+		return out
+	}
+}
+
+func TestTerraformHCLHasEveryResourceUnderItsTerraformType(t *testing.T) {
 	rs := planProd(t)
 	got := exportProd(t, rs)
 	want := map[string]map[string]bool{}
@@ -60,7 +117,7 @@ func TestTerraformJSONHasEveryResourceUnderItsTerraformType(t *testing.T) {
 	}())
 }
 
-func TestTerraformJSONUsesTerraformNamesAndBlocks(t *testing.T) {
+func TestTerraformHCLUsesTerraformNamesAndBlocks(t *testing.T) {
 	tm := altTiming(t)
 	rs, err := runProgram(t, tm, "prod", prodConfig(t))
 	require.NoError(t, err)
@@ -70,12 +127,12 @@ func TestTerraformJSONUsesTerraformNamesAndBlocks(t *testing.T) {
 	assert.Equal(t, false, alb["internal"])
 	assert.Equal(t, true, alb["enable_http2"], "digits stay with their word: enableHttp2 → enable_http2")
 	assert.Equal(t, float64(seconds(tm.LBIdleTimeout)), alb["idle_timeout"])
-	assert.Equal(t, map[string]any{"bucket": "mythex-placeholder-alb-access-logs", "prefix": "mythex-infra/prod", "enabled": true}, alb["access_logs"],
-		"access_logs is a block (one object)")
+	assert.Equal(t, []any{map[string]any{"bucket": "mythex-placeholder-alb-access-logs", "prefix": "mythex-infra/prod", "enabled": true}}, alb["access_logs"],
+		"access_logs is a block")
 
 	tg := got["aws_lb_target_group"][ComponentName+"-tg"]
-	hc, ok := tg["health_check"].(map[string]any)
-	require.True(t, ok, "health_check is a block: %v", tg)
+	require.Len(t, tg["health_check"], 1, "health_check is a block: %v", tg)
+	hc := tg["health_check"].([]any)[0].(map[string]any)
 	assert.Equal(t, float64(seconds(tm.HealthCheckInterval)), hc["interval"])
 	assert.Equal(t, float64(tm.UnhealthyThreshold), hc["unhealthy_threshold"])
 	assert.Equal(t, float64(seconds(tm.DeregistrationDelay)), tg["deregistration_delay"])
@@ -83,8 +140,8 @@ func TestTerraformJSONUsesTerraformNamesAndBlocks(t *testing.T) {
 	http := got["aws_lb_listener"][ComponentName+"-http"]
 	assert.Equal(t, []any{map[string]any{
 		"type":     "redirect",
-		"redirect": map[string]any{"protocol": "HTTPS", "port": "443", "status_code": "HTTP_301"},
-	}}, http["default_action"], "defaultActions is a list of default_action blocks")
+		"redirect": []any{map[string]any{"protocol": "HTTPS", "port": "443", "status_code": "HTTP_301"}},
+	}}, http["default_action"], "defaultActions are default_action blocks, each with its redirect block")
 	assert.NotContains(t, http, "default_actions")
 	https := got["aws_lb_listener"][ComponentName+"-https"]
 	assert.Equal(t, TLSPolicy, https["ssl_policy"])
@@ -97,7 +154,7 @@ func TestTerraformJSONUsesTerraformNamesAndBlocks(t *testing.T) {
 
 // References are what let trivy attach a listener to its load balancer and a
 // rule to its security group; without them both are checked as orphans.
-func TestTerraformJSONKeepsReferences(t *testing.T) {
+func TestTerraformHCLKeepsReferences(t *testing.T) {
 	got := exportProd(t, planProd(t))
 	albSG := "${aws_security_group." + ComponentName + "-alb-sg.id}"
 	srvSG := "${aws_security_group." + ComponentName + "-servers-sg.id}"
@@ -124,7 +181,7 @@ func TestTerraformJSONKeepsReferences(t *testing.T) {
 	assert.Equal(t, srvSG, e["referenced_security_group_id"])
 }
 
-func TestTerraformJSONRefusesWhatItCannotMap(t *testing.T) {
+func TestTerraformHCLRefusesWhatItCannotMap(t *testing.T) {
 	rs := planProd(t)
 	bucket := PlannedResource{Type: "aws:s3/bucketPolicy:BucketPolicy", Name: "mythex-logs-policy", Custom: true,
 		Inputs: resource.PropertyMap{"bucket": resource.NewProperty("logs")}}
@@ -143,7 +200,7 @@ func TestTerraformJSONRefusesWhatItCannotMap(t *testing.T) {
 	}
 	withBad = append(withBad, bucket)
 
-	doc, err := TerraformJSON(withBad)
+	doc, err := TerraformHCL(withBad)
 	require.Error(t, err)
 	assert.Nil(t, doc, "nothing is written")
 	for _, want := range []string{
@@ -155,19 +212,19 @@ func TestTerraformJSONRefusesWhatItCannotMap(t *testing.T) {
 	}
 }
 
-func TestTerraformJSONKeepsLiteralsLiteral(t *testing.T) {
+func TestTerraformHCLKeepsLiteralsLiteral(t *testing.T) {
 	r := PlannedResource{Type: TypeSecurityGroup, Name: "sg", Custom: true, ID: "dry-plan-sg", Inputs: resource.PropertyMap{
-		"description": resource.NewProperty("costs ${var.x} and %{if}"),
+		"description": resource.NewProperty(`costs ${var.x} and %{if} "quoted"`),
 		"tags":        resource.NewProperty(resource.PropertyMap{"note": resource.NewProperty("${y}")}),
 		// The id of another resource, but nothing says this input came from it.
 		"vpcId": resource.NewProperty("dry-plan-sg"),
 	}}
-	doc, err := TerraformJSON([]PlannedResource{r})
+	doc, err := TerraformHCL([]PlannedResource{r})
 	require.NoError(t, err)
-	s := string(doc)
-	assert.Contains(t, s, `"description": "costs $${var.x} and %%{if}"`)
-	assert.Contains(t, s, `"note": "$${y}"`)
-	assert.Contains(t, s, `"vpc_id": "dry-plan-sg"`, "only an input that depends on a resource refers to it")
+	sg := parseExport(t, doc)["aws_security_group"]["sg"]
+	assert.Equal(t, `costs ${var.x} and %{if} "quoted"`, sg["description"], "templates and quotes stay literal:\n%s", doc)
+	assert.Equal(t, map[string]any{"note": "${y}"}, sg["tags"])
+	assert.Equal(t, "dry-plan-sg", sg["vpc_id"], "only an input that depends on a resource refers to it")
 }
 
 func TestSnakeCase(t *testing.T) {

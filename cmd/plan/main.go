@@ -8,14 +8,14 @@
 //
 // An invalid timing or stack config exits 1 with every validation error.
 //
-// With -tf-json FILE it also writes the planned AWS resources as Terraform
-// JSON (infra.TerraformJSON), for trivy to scan: pulumi-aws is bridged from
-// the Terraform provider, so its resources are Terraform's. An unmapped
-// resource type fails the export by name, and no file is written.
+// With -tf FILE it also writes the planned AWS resources as a Terraform
+// configuration (infra.TerraformHCL), for trivy to scan: pulumi-aws is
+// bridged from the Terraform provider, so its resources are Terraform's. An
+// unmapped resource type fails the export by name, and no file is written.
 //
 // Usage, from the repository root:
 //
-//	go run ./cmd/plan [-stack-file Pulumi.prod.yaml] [-tf-json plan/main.tf.json]
+//	go run ./cmd/plan [-stack-file Pulumi.prod.yaml] [-tf plan/main.tf]
 package main
 
 import (
@@ -45,21 +45,21 @@ import (
 func main() {
 	stackFile := flag.String("stack-file", "Pulumi.prod.yaml",
 		"the stack's Pulumi.<stack>.yaml; Pulumi.yaml must be beside it")
-	tfJSON := flag.String("tf-json", "",
-		"also write the planned resources as Terraform JSON to this file (a *.tf.json), for trivy")
+	tfFile := flag.String("tf", "",
+		"also write the planned resources as Terraform to this file (a *.tf), for trivy")
 	flag.Parse()
 	if flag.NArg() > 0 {
 		fmt.Fprintf(os.Stderr, "plan: unexpected arguments %q\n", flag.Args())
 		flag.Usage()
 		os.Exit(2)
 	}
-	if *tfJSON != "" && !strings.HasSuffix(*tfJSON, ".tf.json") {
-		fmt.Fprintf(os.Stderr, "plan: -tf-json %q must end in .tf.json, or scanners skip it\n", *tfJSON)
+	if *tfFile != "" && !strings.HasSuffix(*tfFile, ".tf") {
+		fmt.Fprintf(os.Stderr, "plan: -tf %q must end in .tf, or scanners skip it\n", *tfFile)
 		os.Exit(2)
 	}
 	stack, err := infra.LoadStackFile(*stackFile)
 	if err == nil {
-		err = writePlan(os.Stdout, infra.Prod(), stack, *tfJSON)
+		err = writePlan(os.Stdout, infra.Prod(), stack, *tfFile)
 	}
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "plan: %v\n", err)
@@ -87,10 +87,10 @@ var typeOrder = []string{
 }
 
 // writePlan runs the stack's program with timing t and the config of stack
-// under the mock engine and writes the plan to w, and, when tfJSON is not
-// empty, the Terraform JSON export to that file. Nothing is written when the
+// under the mock engine and writes the plan to w, and, when tfFile is not
+// empty, the Terraform export to that file. Nothing is written when the
 // program or the export fails: the error carries every problem.
-func writePlan(w io.Writer, t infra.Timing, stack infra.StackFile, tfJSON string) error {
+func writePlan(w io.Writer, t infra.Timing, stack infra.StackFile, tfFile string) error {
 	rec := &infra.Recorder{}
 	outputs := make(chan map[string]any, 1)
 	var buildErr error // the program's own error, without the engine's wrapping
@@ -130,8 +130,8 @@ func writePlan(w io.Writer, t infra.Timing, stack infra.StackFile, tfJSON string
 
 	resources := rec.Resources()
 	var export []byte
-	if tfJSON != "" {
-		if export, err = infra.TerraformJSON(resources); err != nil {
+	if tfFile != "" {
+		if export, err = infra.TerraformHCL(resources); err != nil {
 			return fmt.Errorf("stack %s: %w", stack.Stack, err)
 		}
 	}
@@ -167,7 +167,7 @@ func writePlan(w io.Writer, t infra.Timing, stack infra.StackFile, tfJSON string
 	fmt.Fprintf(&b, "\nPlan: %d resources to create in stack %s (%d AWS resources under 1 component). Dry plan only: nothing was sent to AWS.\n",
 		len(resources), stack.Stack, aws)
 	if export != nil {
-		if err := writeFileAtomic(tfJSON, export); err != nil {
+		if err := writeFileAtomic(tfFile, export); err != nil {
 			return err
 		}
 	}
@@ -182,7 +182,7 @@ func writePlan(w io.Writer, t infra.Timing, stack infra.StackFile, tfJSON string
 func writeFileAtomic(path string, data []byte) error {
 	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".*")
 	if err != nil {
-		return fmt.Errorf("write Terraform JSON: %w", err)
+		return fmt.Errorf("write the Terraform export: %w", err)
 	}
 	_, err = f.Write(data)
 	if cerr := f.Close(); err == nil {
@@ -193,7 +193,7 @@ func writeFileAtomic(path string, data []byte) error {
 	}
 	if err != nil {
 		_ = os.Remove(f.Name())
-		return fmt.Errorf("write Terraform JSON %s: %w", path, err)
+		return fmt.Errorf("write the Terraform export %s: %w", path, err)
 	}
 	return nil
 }

@@ -2,7 +2,6 @@ package main
 
 import (
 	"bytes"
-	"encoding/json"
 	"errors"
 	"os"
 	"os/exec"
@@ -13,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pulumi/pulumi/sdk/v3/go/pulumi"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -30,6 +30,20 @@ func loadProd(t *testing.T) infra.StackFile {
 	stack, err := infra.LoadStackFile(prodStackFile)
 	require.NoError(t, err)
 	return stack
+}
+
+// planProdResources runs the prod program under the mock engine as the
+// command does and returns what it registered.
+func planProdResources(t *testing.T) []infra.PlannedResource {
+	t.Helper()
+	stack := loadProd(t)
+	rec := &infra.Recorder{}
+	err := pulumi.RunErr(func(ctx *pulumi.Context) error {
+		_, err := infra.Build(ctx, infra.Prod())
+		return err
+	}, pulumi.WithMocks(infra.Project, stack.Stack, rec), infra.WithConfig(stack.Config))
+	require.NoError(t, err)
+	return rec.Resources()
 }
 
 // markLine matches the plan's line for one timing-derived input.
@@ -203,8 +217,8 @@ func TestPlanCommand(t *testing.T) {
 `), 0o600))
 
 	out := t.TempDir()
-	export := filepath.Join(out, "prod.tf.json")
-	badExport := filepath.Join(out, "bad.tf.json")
+	export := filepath.Join(out, "prod.tf")
+	badExport := filepath.Join(out, "bad.tf")
 	tests := []struct {
 		name       string
 		args       []string
@@ -213,7 +227,7 @@ func TestPlanCommand(t *testing.T) {
 		stderrHas  []string
 		stdoutHas  string
 		stdoutNone bool
-		// export is the -tf-json file the run must leave (or, with
+		// export is the -tf file the run must leave (or, with
 		// noExport, must not).
 		export   string
 		noExport bool
@@ -223,15 +237,15 @@ func TestPlanCommand(t *testing.T) {
 			stdoutHas: "Dry plan of stack prod (project mythex-infra) under the Pulumi mock engine: no AWS calls, not a preview.",
 		},
 		{
-			name: "prod with export", args: []string{"-tf-json", export}, code: 0, export: export,
+			name: "prod with export", args: []string{"-tf", export}, code: 0, export: export,
 			stdoutHas: "Dry plan of stack prod (project mythex-infra) under the Pulumi mock engine: no AWS calls, not a preview.",
 		},
 		{
-			name: "export to a file scanners skip", args: []string{"-tf-json", filepath.Join(out, "plan.json")}, code: 2, stdoutNone: true,
-			stderrHas: []string{`plan: -tf-json "` + filepath.Join(out, "plan.json") + `" must end in .tf.json`},
+			name: "export to a file scanners skip", args: []string{"-tf", filepath.Join(out, "plan.tf.json")}, code: 2, stdoutNone: true,
+			stderrHas: []string{`plan: -tf "` + filepath.Join(out, "plan.tf.json") + `" must end in .tf`},
 		},
 		{
-			name: "no export of a bad stack", args: []string{"-stack-file", filepath.Join(bad, "Pulumi.prod.yaml"), "-tf-json", badExport},
+			name: "no export of a bad stack", args: []string{"-stack-file", filepath.Join(bad, "Pulumi.prod.yaml"), "-tf", badExport},
 			code: 1, stdoutNone: true, export: badExport, noExport: true,
 			stderrHas: []string{"plan: stack prod: invalid stack config: 5 problem(s)"},
 		},
@@ -286,12 +300,10 @@ func TestPlanCommand(t *testing.T) {
 					return
 				}
 				require.NoError(t, err, "the export is written")
-				var parsed struct {
-					Resource map[string]map[string]any `json:"resource"`
-				}
-				require.NoError(t, json.Unmarshal(doc, &parsed))
-				assert.Contains(t, parsed.Resource["aws_lb"], infra.ComponentName+"-alb", "the export holds the ALB")
-				assert.Len(t, parsed.Resource["aws_lb_target_group_attachment"], 2, "and every other resource")
+				want, err := infra.TerraformHCL(planProdResources(t))
+				require.NoError(t, err)
+				assert.Equal(t, string(want), string(doc), "the export is the prod program's")
+				assert.Contains(t, string(doc), `resource "aws_lb" "`+infra.ComponentName+`-alb" {`)
 				leftovers, err := filepath.Glob(filepath.Join(filepath.Dir(tc.export), ".*"))
 				require.NoError(t, err)
 				assert.Empty(t, leftovers, "no temporary file is left behind")
