@@ -203,6 +203,7 @@ func timingInputKeys(m map[TimingInput]any) []TimingInput {
 func TestALBDropsInvalidHeaderFields_CKV_AWS_131_AVD_AWS_0052(t *testing.T) {
 	alb := findResource(t, planProd(t), TypeLoadBalancer, ComponentName+"-alb")
 	assert.Equal(t, true, input(alb, "dropInvalidHeaderFields"), "%s dropInvalidHeaderFields", alb.Name)
+	requireTrivyVerdict(t, "AWS-0052")
 }
 
 func TestALBDeletionProtection_CKV_AWS_150(t *testing.T) {
@@ -243,6 +244,7 @@ func TestHTTPRedirectsToHTTPS_CKV_AWS_2_CKV2_AWS_20_AVD_AWS_0054(t *testing.T) {
 		assert.Equal(t, "HTTP_301", input(l, "defaultActions.0.redirect.statusCode"), "%s redirect status", l.Name)
 		assert.Nil(t, input(l, "defaultActions.0.targetGroupArn"), "%s never forwards plain HTTP", l.Name)
 	}
+	requireTrivyVerdict(t, "AWS-0054")
 }
 
 func TestHTTPSListenerTLSPolicy_CKV_AWS_103_AVD_AWS_0047(t *testing.T) {
@@ -252,6 +254,7 @@ func TestHTTPSListenerTLSPolicy_CKV_AWS_103_AVD_AWS_0047(t *testing.T) {
 	assert.Equal(t, float64(443), input(l, "port"), "%s port", l.Name)
 	assert.Equal(t, "ELBSecurityPolicy-TLS13-1-2-2021-06", input(l, "sslPolicy"), "%s sslPolicy", l.Name)
 	assert.Equal(t, prodConfig(t)[KeyCertificateARN], input(l, "certificateArn"), "%s certificate", l.Name)
+	requireTrivyVerdict(t, "AWS-0047")
 }
 
 func TestHTTPSListenerForwardsToTargetGroup(t *testing.T) {
