@@ -73,8 +73,19 @@ var terraformTypes = map[string]tfShape{
 		"ingress": {Name: "ingress"},
 		"egress":  {Name: "egress"},
 	}},
-	TypeIngressRule: {Name: "aws_vpc_security_group_ingress_rule", Maps: tags},
-	TypeEgressRule:  {Name: "aws_vpc_security_group_egress_rule", Maps: tags},
+	TypeIngressRule:   {Name: "aws_vpc_security_group_ingress_rule", Maps: tags},
+	TypeEgressRule:    {Name: "aws_vpc_security_group_egress_rule", Maps: tags},
+	TypeENIAttachment: {Name: "aws_network_interface_sg_attachment"},
+	// BucketV2 is aws_s3_bucket without its deprecated inline settings,
+	// which are resources of their own.
+	TypeBucket: {Name: "aws_s3_bucket", Maps: tags},
+	TypeBucketEncryption: {Name: "aws_s3_bucket_server_side_encryption_configuration", Blocks: map[string]tfShape{
+		"rules": {Name: "rule", Blocks: map[string]tfShape{
+			"applyServerSideEncryptionByDefault": {Name: "apply_server_side_encryption_by_default"},
+		}},
+	}},
+	TypeBucketPublicAccess: {Name: "aws_s3_bucket_public_access_block"},
+	TypeBucketPolicy:       {Name: "aws_s3_bucket_policy"},
 }
 
 // TerraformType is the Terraform resource type of a Pulumi type token, or ""

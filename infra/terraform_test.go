@@ -101,13 +101,18 @@ func TestTerraformHCLHasEveryResourceUnderItsTerraformType(t *testing.T) {
 	assert.Equal(t, want, gotNames, "every AWS resource once, the component not at all")
 	// The types, spelled out: a typo in the table would otherwise be its own proof.
 	assert.Equal(t, map[string]string{
-		TypeLoadBalancer:  "aws_lb",
-		TypeTargetGroup:   "aws_lb_target_group",
-		TypeListener:      "aws_lb_listener",
-		TypeAttachment:    "aws_lb_target_group_attachment",
-		TypeSecurityGroup: "aws_security_group",
-		TypeIngressRule:   "aws_vpc_security_group_ingress_rule",
-		TypeEgressRule:    "aws_vpc_security_group_egress_rule",
+		TypeLoadBalancer:       "aws_lb",
+		TypeTargetGroup:        "aws_lb_target_group",
+		TypeListener:           "aws_lb_listener",
+		TypeAttachment:         "aws_lb_target_group_attachment",
+		TypeSecurityGroup:      "aws_security_group",
+		TypeIngressRule:        "aws_vpc_security_group_ingress_rule",
+		TypeEgressRule:         "aws_vpc_security_group_egress_rule",
+		TypeENIAttachment:      "aws_network_interface_sg_attachment",
+		TypeBucket:             "aws_s3_bucket",
+		TypeBucketEncryption:   "aws_s3_bucket_server_side_encryption_configuration",
+		TypeBucketPublicAccess: "aws_s3_bucket_public_access_block",
+		TypeBucketPolicy:       "aws_s3_bucket_policy",
 	}, func() map[string]string {
 		m := map[string]string{}
 		for k, v := range terraformTypes {
@@ -183,8 +188,8 @@ func TestTerraformHCLKeepsReferences(t *testing.T) {
 
 func TestTerraformHCLRefusesWhatItCannotMap(t *testing.T) {
 	rs := planProd(t)
-	bucket := PlannedResource{Type: "aws:s3/bucketPolicy:BucketPolicy", Name: "mythex-logs-policy", Custom: true,
-		Inputs: resource.PropertyMap{"bucket": resource.NewProperty("logs")}}
+	record := PlannedResource{Type: "aws:route53/record:Record", Name: "mythex-api", Custom: true,
+		Inputs: resource.PropertyMap{"name": resource.NewProperty("api")}}
 	tg := findResource(t, rs, TypeTargetGroup, ComponentName+"-tg")
 	tg.Inputs = tg.Inputs.Copy()
 	tg.Inputs["targetFailovers"] = resource.NewProperty([]resource.PropertyValue{
@@ -198,13 +203,13 @@ func TestTerraformHCLRefusesWhatItCannotMap(t *testing.T) {
 		}
 		withBad = append(withBad, r)
 	}
-	withBad = append(withBad, bucket)
+	withBad = append(withBad, record)
 
 	doc, err := TerraformHCL(withBad)
 	require.Error(t, err)
 	assert.Nil(t, doc, "nothing is written")
 	for _, want := range []string{
-		"aws:s3/bucketPolicy:BucketPolicy mythex-logs-policy: no Terraform type for aws:s3/bucketPolicy:BucketPolicy",
+		"aws:route53/record:Record mythex-api: no Terraform type for aws:route53/record:Record",
 		TypeTargetGroup + " mythex-tg: input targetFailovers.0: nested object has no Terraform shape here",
 		TypeTargetGroup + " mythex-tg: input unknownObject: an object with no Terraform shape",
 	} {

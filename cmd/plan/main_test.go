@@ -137,7 +137,7 @@ func TestPlanSaysWhatItIsAndListsEverything(t *testing.T) {
 // outputs a Route 53 alias and CloudWatch need.
 func TestPlanShowsBucketPolicyProtectionsAndOutputs(t *testing.T) {
 	var out bytes.Buffer
-	require.NoError(t, writePlan(&out, infra.Prod(), loadProd(t)))
+	require.NoError(t, writePlan(&out, infra.Prod(), loadProd(t), ""))
 	plan := out.String()
 
 	policy := regexp.MustCompile(`(?m)^\+ ` + regexp.QuoteMeta(infra.TypeBucketPolicy) + ` mythex-access-logs-policy \(AWS resource, parent mythex, protected\)\n    bucket +"dry-plan-mythex-access-logs"\n    policy +(".*")$`).
