@@ -180,6 +180,9 @@ func writePlan(w io.Writer, t infra.Timing, stack infra.StackFile, tfFile string
 // writeFileAtomic writes data to path through a temporary file in the same
 // directory, so a scanner never reads half an export.
 func writeFileAtomic(path string, data []byte) error {
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return fmt.Errorf("write the Terraform export: %w", err)
+	}
 	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".*")
 	if err != nil {
 		return fmt.Errorf("write the Terraform export: %w", err)

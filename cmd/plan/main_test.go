@@ -217,7 +217,7 @@ func TestPlanCommand(t *testing.T) {
 `), 0o600))
 
 	out := t.TempDir()
-	export := filepath.Join(out, "prod.tf")
+	export := filepath.Join(out, "plan", "prod.tf") // its directory is made
 	badExport := filepath.Join(out, "bad.tf")
 	tests := []struct {
 		name       string
