@@ -308,12 +308,13 @@ func requireTrivyVerdict(t *testing.T, rule string) {
 	t.Helper()
 	i := slices.IndexFunc(hardenings(), func(h hardening) bool { return h.rule == rule })
 	require.GreaterOrEqual(t, i, 0, "%s is in hardenings()", rule)
-	finding := rule + " " + hardenings()[i].weakened.resource
+	h := hardenings()[i]
+	finding := rule + " " + h.weakened.resource
 	all := trivyVerdicts(t)
 	real, weak := all[realPlan].findings(), all[rule].findings()
-	assert.NotContains(t, real, finding, "trivy passes the real program on %s", finding)
+	assert.NotContains(t, real, finding, "trivy passes the real program on %s: %s", finding, h.what)
 	assert.Equal(t, slices.Sorted(slices.Values(append(slices.Clone(real), finding))), weak,
-		"with that one setting off, trivy reports %s and nothing else new", finding)
+		"with that one setting off (%s), trivy reports %s and nothing else new", h.what, finding)
 }
 
 func TestTrivyFailsEachWeakenedProgramAndPassesTheReal(t *testing.T) {
