@@ -149,18 +149,18 @@ type trivyReport struct {
 	}
 }
 
-// verdicts is what trivy said about one exported plan: the resources
+// trivyVerdict is what trivy said about one exported plan: the resources
 // failing each check.
-type verdicts struct {
+type trivyVerdict struct {
 	failed map[string][]string
 }
 
-func (v verdicts) String() string {
+func (v trivyVerdict) String() string {
 	return fmt.Sprintf("failed %v", v.failed)
 }
 
 // findings are the plan's failures as "check resource" pairs, sorted.
-func (v verdicts) findings() []string {
+func (v trivyVerdict) findings() []string {
 	out := []string{}
 	for id, rs := range v.failed {
 		for _, r := range rs {
@@ -171,7 +171,7 @@ func (v verdicts) findings() []string {
 	return out
 }
 
-func (v verdicts) failedIDs() []string {
+func (v trivyVerdict) failedIDs() []string {
 	ids := []string{}
 	for id := range v.failed {
 		ids = append(ids, id)
@@ -227,7 +227,7 @@ func writePlans(t *testing.T, plans map[string][]PlannedResource) string {
 // runTrivy runs `trivy config` over dir with args, as .ci/run does, plus a
 // JSON report, and returns its exit code and trivy's verdicts by plan (the
 // first directory under dir).
-func runTrivy(t *testing.T, bin, dir string, args ...string) (int, map[string]verdicts) {
+func runTrivy(t *testing.T, bin, dir string, args ...string) (int, map[string]trivyVerdict) {
 	t.Helper()
 	args = append([]string{"config", "--skip-check-update", "--quiet", "--format", "json", "--cache-dir", t.TempDir()}, args...)
 	cmd := exec.Command(bin, append(args, ".")...)
@@ -244,14 +244,14 @@ func runTrivy(t *testing.T, bin, dir string, args ...string) (int, map[string]ve
 	var report trivyReport
 	require.NoError(t, json.Unmarshal(stdout.Bytes(), &report), "trivy's JSON report (exit %d): %s", code, stderr.String())
 
-	out := map[string]verdicts{}
+	out := map[string]trivyVerdict{}
 	for _, r := range report.Results {
 		// Failures are reported on the file, passes on its directory.
 		name, file, _ := strings.Cut(filepath.ToSlash(r.Target), "/")
 		require.Contains(t, []string{"", "main.tf"}, file, "trivy reported on %s, which is no exported plan", r.Target)
 		v, ok := out[name]
 		if !ok {
-			v = verdicts{failed: map[string][]string{}}
+			v = trivyVerdict{failed: map[string][]string{}}
 			out[name] = v
 		}
 		for _, m := range r.Misconfigurations {
@@ -269,7 +269,7 @@ func runTrivy(t *testing.T, bin, dir string, args ...string) (int, map[string]ve
 
 var (
 	scanOnce   sync.Once
-	scanResult map[string]verdicts
+	scanResult map[string]trivyVerdict
 	scanFailed bool
 )
 
@@ -277,7 +277,7 @@ var (
 // program (plan "prod") and on each weakened one (named by the rule it
 // breaks): one trivy run over all of them, shared by every test in the
 // package.
-func trivyVerdicts(t *testing.T) map[string]verdicts {
+func trivyVerdicts(t *testing.T) map[string]trivyVerdict {
 	t.Helper()
 	bin := trivyBinary(t)
 	scanOnce.Do(func() {
