@@ -207,13 +207,17 @@ func (s *Server) skipDrain(reason string) {
 }
 
 // Run serves on ln and stops on request. The first SIGTERM or SIGINT, or ctx
-// ending, starts the drain. A second one while draining ends the drain at
+// ending, starts the drain. A second signal while draining ends the drain at
 // once, as an operator's "I mean it": the listener closes, but in-flight
 // requests still get the shutdown timeout, because cutting them would turn
 // them into 502s. Later signals are logged and ignored: the hard stop is the
 // container's SIGKILL, not this library's business. Run returns once the
 // Server has stopped; a nil error means a clean stop, even if requests were
 // cut (they are logged).
+//
+// ctx ending starts the drain but never cuts it short: a context from
+// signal.NotifyContext ends on the very signal Run also receives, and one
+// signal is one stop request.
 func (s *Server) Run(ctx context.Context, ln net.Listener) error {
 	sigs := make(chan os.Signal, 4)
 	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT)
@@ -222,11 +226,12 @@ func (s *Server) Run(ctx context.Context, ln net.Listener) error {
 	done := make(chan error, 1)
 	go func() { done <- s.Serve(ln) }()
 
-	stops := 0
-	stop := func(reason string) {
-		stops++
+	signals := 0
+	onSignal := func(sig os.Signal) {
+		signals++
+		reason := signalName(sig)
 		switch {
-		case stops == 1:
+		case signals == 1:
 			s.startDrain(reason)
 		case s.Phase() <= Draining:
 			s.skipDrain("second stop request: " + reason)
@@ -241,10 +246,17 @@ func (s *Server) Run(ctx context.Context, ln net.Listener) error {
 		case err := <-done:
 			return err
 		case sig := <-sigs:
-			stop(signalName(sig))
+			onSignal(sig)
 		case <-ctxDone:
 			ctxDone = nil
-			stop(ReasonContextDone)
+			// The signal that ended a NotifyContext is already here: name the
+			// drain after it rather than after the context.
+			select {
+			case sig := <-sigs:
+				onSignal(sig)
+			default:
+			}
+			s.startDrain(ReasonContextDone + ": " + context.Cause(ctx).Error())
 		}
 	}
 }

@@ -44,9 +44,11 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"os/signal"
 	"slices"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/mythex/infra/drain"
@@ -92,7 +94,11 @@ func run(args []string, getenv func(string) string, stdout, stderr io.Writer) in
 		return exitBadConfig
 	}
 	log := slog.New(slog.NewJSONHandler(stderr, nil)).With("role", s.role, "version", s.version)
-	if err := serve(context.Background(), s, log); err != nil {
+	// The usual Go idiom: the drain library counts the SIGTERM that ends
+	// this context and the one it receives itself as one stop request.
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	if err := serve(ctx, s, log); err != nil {
 		log.Error("service failed", "err", err)
 		return exitFailed
 	}
