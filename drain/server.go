@@ -3,6 +3,7 @@ package drain
 //go:generate go run gen_doc.go
 
 import (
+	"bufio"
 	"context"
 	"errors"
 	"fmt"
@@ -93,8 +94,15 @@ const (
 // Server serves HTTP and, when asked to stop, drains: it fails its health
 // check while still serving real traffic until the balancer has stopped
 // sending any, then closes its listener and lets in-flight requests finish.
-// A Server serves once. A handler that hijacks its connection (a WebSocket)
-// owns it: the shutdown neither waits for it nor closes it.
+// A Server serves once.
+//
+// A handler may hijack its connection (a WebSocket upgrade), through
+// http.Hijacker or http.ResponseController. The connection is then the
+// handler's to close, but the shutdown still waits for it within
+// ShutdownTimeout and closes and logs it if it is still open then. Such a
+// handler should watch Entered(Draining) or Entered(ShuttingDown) and close
+// its connection in its own protocol's way, so its client reconnects to
+// another server.
 type Server struct {
 	cfg   Config
 	next  http.Handler
@@ -118,12 +126,19 @@ type Server struct {
 
 	mu       sync.Mutex
 	inFlight map[*request]struct{}
+	hijacked map[*hijackedConn]struct{}
+	// closedOne is closed, and replaced, each time a hijacked connection
+	// closes: the shutdown waits on it.
+	closedOne chan struct{}
 }
 
 // request is one request being handled, kept so that a cut can be logged.
 type request struct {
 	method, path, remote string
 	start                time.Time
+	// hijacked: the handler took the connection over; a cut of it is
+	// logged as the connection's, not as the request's.
+	hijacked bool
 }
 
 // New returns a Server that answers cfg.HealthPath itself and passes every
@@ -136,12 +151,14 @@ func New(cfg Config, next http.Handler, opts ...Option) (*Server, error) {
 		return nil, errors.New("drain: nil handler")
 	}
 	s := &Server{
-		cfg:      cfg,
-		next:     next,
-		log:      slog.Default(),
-		drainCh:  make(chan struct{}),
-		skipCh:   make(chan struct{}),
-		inFlight: make(map[*request]struct{}),
+		cfg:       cfg,
+		next:      next,
+		log:       slog.Default(),
+		drainCh:   make(chan struct{}),
+		skipCh:    make(chan struct{}),
+		inFlight:  make(map[*request]struct{}),
+		hijacked:  make(map[*hijackedConn]struct{}),
+		closedOne: make(chan struct{}),
 	}
 	for _, o := range opts {
 		o(s)
@@ -321,12 +338,19 @@ func (s *Server) Serve(ln net.Listener) error {
 	// once; closing it here makes "listener closed" true either way.
 	_ = ln.Close()
 	since = s.enter(ShuttingDown, since, reason,
-		"in_flight", s.inFlightCount(), "shutdown_timeout", s.cfg.ShutdownTimeout.String())
+		"in_flight", s.inFlightCount(), "hijacked", s.hijackedCount(),
+		"shutdown_timeout", s.cfg.ShutdownTimeout.String())
 
 	cut := 0
 	reason = ReasonAllFinished
 	if err := <-shutdown; errors.Is(err, context.DeadlineExceeded) {
 		cut = s.cut()
+		reason = ReasonDeadline
+	}
+	// http.Server forgets a connection once it is hijacked; the same
+	// deadline applies to it.
+	if n := s.waitHijacked(ctx); n > 0 {
+		cut += n
 		reason = ReasonDeadline
 	}
 	s.cancelBase()
@@ -353,7 +377,9 @@ func (s *Server) cut() int {
 	s.mu.Lock()
 	reqs := make([]*request, 0, len(s.inFlight))
 	for r := range s.inFlight {
-		reqs = append(reqs, r)
+		if !r.hijacked {
+			reqs = append(reqs, r)
+		}
 	}
 	s.mu.Unlock()
 	now := time.Now()
@@ -411,8 +437,8 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		s.health(w, r, phase)
 		return
 	}
-	w = &closingWriter{ResponseWriter: w, s: s}
 	req := &request{method: r.Method, path: r.URL.Path, remote: r.RemoteAddr, start: time.Now()}
+	cw := &closingWriter{ResponseWriter: w, s: s, req: req}
 	s.mu.Lock()
 	s.inFlight[req] = struct{}{}
 	s.mu.Unlock()
@@ -421,7 +447,12 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		delete(s.inFlight, req)
 		s.mu.Unlock()
 	}()
-	s.next.ServeHTTP(w, r)
+	s.next.ServeHTTP(cw, r)
+	// A handler that wrote nothing gets net/http's implicit 200; written
+	// here, it carries Connection: close like any other during the drain.
+	if !cw.wroteHeader && !cw.hijacked {
+		cw.WriteHeader(http.StatusOK)
+	}
 }
 
 func (s *Server) health(w http.ResponseWriter, r *http.Request, phase Phase) {
@@ -462,11 +493,14 @@ func healthAnswer(w http.ResponseWriter, r *http.Request, code int, body string)
 }
 
 // closingWriter adds Connection: close to a response whose header is written
-// after the drain started, even if its request arrived before.
+// after the drain started, even if its request arrived before. It passes on
+// flushing and hijacking, which the ResponseWriter it wraps can do.
 type closingWriter struct {
 	http.ResponseWriter
 	s           *Server
+	req         *request
 	wroteHeader bool
+	hijacked    bool
 }
 
 func (w *closingWriter) WriteHeader(code int) {
@@ -487,13 +521,96 @@ func (w *closingWriter) Write(b []byte) (int, error) {
 	return w.ResponseWriter.Write(b)
 }
 
-// Flush keeps streaming handlers working through the wrapper.
-func (w *closingWriter) Flush() {
+// Flush keeps streaming handlers working through the wrapper (http.Flusher).
+func (w *closingWriter) Flush() { _ = w.FlushError() }
+
+// FlushError is what http.ResponseController.Flush calls: a flush that
+// reports its error.
+func (w *closingWriter) FlushError() error {
 	if !w.wroteHeader {
 		w.WriteHeader(http.StatusOK)
 	}
-	_ = http.NewResponseController(w.ResponseWriter).Flush()
+	return http.NewResponseController(w.ResponseWriter).Flush()
 }
 
-// Unwrap lets http.ResponseController reach the connection's own writer.
+// Hijack hands the connection to the handler (http.Hijacker, and
+// http.ResponseController.Hijack), tracked until the handler closes it.
+func (w *closingWriter) Hijack() (net.Conn, *bufio.ReadWriter, error) {
+	conn, brw, err := http.NewResponseController(w.ResponseWriter).Hijack()
+	if err != nil {
+		return nil, nil, err
+	}
+	w.hijacked = true
+	return w.s.trackHijacked(conn, w.req), brw, nil
+}
+
+// Unwrap lets http.ResponseController reach the connection's own writer
+// for what closingWriter does not do itself (deadlines, full duplex).
 func (w *closingWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
+// hijackedConn is a connection a handler took over, known to the Server
+// until it is closed.
+type hijackedConn struct {
+	net.Conn
+	s     *Server
+	req   *request
+	since time.Time
+	once  sync.Once
+}
+
+// Close closes the connection and forgets it.
+func (c *hijackedConn) Close() error {
+	c.once.Do(func() {
+		c.s.mu.Lock()
+		defer c.s.mu.Unlock()
+		delete(c.s.hijacked, c)
+		close(c.s.closedOne)
+		c.s.closedOne = make(chan struct{})
+	})
+	return c.Conn.Close()
+}
+
+func (s *Server) trackHijacked(conn net.Conn, req *request) net.Conn {
+	c := &hijackedConn{Conn: conn, s: s, req: req, since: time.Now()}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	req.hijacked = true
+	s.hijacked[c] = struct{}{}
+	return c
+}
+
+func (s *Server) hijackedCount() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.hijacked)
+}
+
+// waitHijacked waits until every hijacked connection is closed or ctx ends;
+// then it closes and logs those still open and returns how many.
+func (s *Server) waitHijacked(ctx context.Context) int {
+	for {
+		s.mu.Lock()
+		open := make([]*hijackedConn, 0, len(s.hijacked))
+		for c := range s.hijacked {
+			open = append(open, c)
+		}
+		closedOne := s.closedOne
+		s.mu.Unlock()
+		if len(open) == 0 {
+			return 0
+		}
+		select {
+		case <-closedOne:
+			continue
+		case <-ctx.Done():
+		}
+		now := time.Now()
+		for _, c := range open {
+			s.log.Warn("hijacked connection cut at shutdown timeout", "method", c.req.method, "path", c.req.path,
+				"remote", c.req.remote, "open", now.Sub(c.since).Round(time.Millisecond).String(),
+				"shutdown_timeout", s.cfg.ShutdownTimeout.String())
+			_ = c.Close()
+		}
+		return len(open)
+	}
+}
