@@ -44,12 +44,21 @@ func TestConfigFromEnvReportsEveryProblem(t *testing.T) {
 		{"nothing set", nil, []string{
 			"MYTHEX_HEALTH_PATH is not set", "MYTHEX_HEALTHY_STATUS is not set", "MYTHEX_DRAIN is not set",
 			"MYTHEX_SHUTDOWN_TIMEOUT is not set", "MYTHEX_KEEPALIVE is not set",
+			"MYTHEX_READ_HEADER_TIMEOUT is not set", "MYTHEX_READ_TIMEOUT is not set", "MYTHEX_WRITE_TIMEOUT is not set",
+			"MYTHEX_MAX_HEADER_BYTES is not set", "MYTHEX_MAX_REQUEST is not set",
 		}},
 		{"bad values", with("MYTHEX_HEALTHY_STATUS=ok", "MYTHEX_DRAIN=15", "MYTHEX_KEEPALIVE=soon"), []string{
 			"MYTHEX_HEALTHY_STATUS", `"ok"`, "MYTHEX_DRAIN", `"15"`, "MYTHEX_KEEPALIVE", `"soon"`,
 		}},
 		{"parsed but invalid", with("MYTHEX_HEALTH_PATH=healthz", "MYTHEX_SHUTDOWN_TIMEOUT=-1s"), []string{
 			`HealthPath "healthz" must start with /`, "ShutdownTimeout -1s must be positive",
+		}},
+		{"header size not a number", with("MYTHEX_MAX_HEADER_BYTES=lots"), []string{"MYTHEX_MAX_HEADER_BYTES", `"lots"`}},
+		{"bounds not positive", with("MYTHEX_MAX_HEADER_BYTES=0", "MYTHEX_READ_HEADER_TIMEOUT=0s"), []string{
+			"MaxHeaderBytes 0 must be positive", "ReadHeaderTimeout 0s must be positive",
+		}},
+		{"deadlines that cut what the balancer waits for", with("MYTHEX_READ_TIMEOUT=1m", "MYTHEX_WRITE_TIMEOUT=30s"), []string{
+			"ReadTimeout 1m0s must exceed MaxRequest 1m0s", "WriteTimeout 30s must exceed MaxRequest 1m0s",
 		}},
 	}
 	for _, tt := range tests {

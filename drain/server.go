@@ -173,8 +173,14 @@ func New(cfg Config, next http.Handler, opts ...Option) (*Server, error) {
 		// Longer than the balancer's idle timeout, so the balancer always
 		// closes an idle connection first and never reuses one just closed.
 		IdleTimeout: cfg.KeepAlive,
-		BaseContext: func(net.Listener) context.Context { return s.baseCtx },
-		ErrorLog:    slog.NewLogLogger(s.log.Handler(), slog.LevelWarn),
+		// A slow client holds a connection only this long; the numbers and
+		// their reasons are the timing contract's (see Config).
+		ReadHeaderTimeout: cfg.ReadHeaderTimeout,
+		ReadTimeout:       cfg.ReadTimeout,
+		WriteTimeout:      cfg.WriteTimeout,
+		MaxHeaderBytes:    cfg.MaxHeaderBytes,
+		BaseContext:       func(net.Listener) context.Context { return s.baseCtx },
+		ErrorLog:          slog.NewLogLogger(s.log.Handler(), slog.LevelWarn),
 	}
 	return s, nil
 }
@@ -299,7 +305,9 @@ func (s *Server) Serve(ln net.Listener) error {
 	since := time.Now()
 	s.log.Info("serving", "addr", ln.Addr().String(), "health_path", s.cfg.HealthPath,
 		"drain", s.cfg.Drain.String(), "shutdown_timeout", s.cfg.ShutdownTimeout.String(),
-		"keepalive", s.cfg.KeepAlive.String())
+		"keepalive", s.cfg.KeepAlive.String(), "read_header_timeout", s.cfg.ReadHeaderTimeout.String(),
+		"read_timeout", s.cfg.ReadTimeout.String(), "write_timeout", s.cfg.WriteTimeout.String(),
+		"max_header_bytes", s.cfg.MaxHeaderBytes)
 
 	listenerClosed := make(chan struct{})
 	s.hs.RegisterOnShutdown(func() { close(listenerClosed) })

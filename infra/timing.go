@@ -35,6 +35,12 @@ const HealthPath = "/healthz"
 // matcher). A draining server answers 503, which is outside it.
 const HealthyStatus = http.StatusOK
 
+// MaxHeaderBytes bounds a request's header at the app: 64 KiB, the ALB's own
+// limit on a request's headers (it refuses a larger one itself), so the app
+// accepts whatever the balancer forwards and holds no more than that per
+// connection.
+const MaxHeaderBytes = 64 << 10
+
 // Timing is every number a deploy depends on. Durations are time.Duration,
 // counts are int; the zero value is invalid. Change a value only together
 // with the values it is related to: Validate names every relation it breaks.
@@ -79,6 +85,8 @@ type Timing struct {
 	LBIdleTimeout time.Duration `side:"balancer"`
 	// AppKeepAlive is the application's idle keep-alive timeout.
 	AppKeepAlive time.Duration `side:"servers,process"`
+	// ReadHeaderTimeout bounds how long the app reads one request's header.
+	ReadHeaderTimeout time.Duration `side:"servers,process"`
 
 	// ContainerHealthInterval is how often Docker runs a container's own
 	// health check on the server.
@@ -150,6 +158,12 @@ func Prod() Timing {
 		// closes an idle connection first, so it never reuses one the app has
 		// just closed (a 502).
 		AppKeepAlive: 75 * time.Second,
+		// The balancer forwards a request's header in one piece once it has
+		// parsed it, so a header still arriving after five seconds is a
+		// client trickling it (slowloris) or a dead path. Below
+		// ShutdownTimeout, so such a connection is gone before the shutdown
+		// deadline instead of holding the shutdown to it.
+		ReadHeaderTimeout: 5 * time.Second,
 
 		// A loopback request every second costs nothing and lets a deploy see
 		// a new container healthy within a second of it being ready.
@@ -230,6 +244,23 @@ func (t Timing) KeepAliveMargin() time.Duration {
 	return t.AppKeepAlive - t.LBIdleTimeout
 }
 
+// MaxRequest is the longest a request can take and still be answered
+// through the balancer: one that sends nothing for LBIdleTimeout is answered
+// 504 by the balancer, which closes its connection.
+func (t Timing) MaxRequest() time.Duration {
+	return t.LBIdleTimeout
+}
+
+// RequestDeadline is the app's read and write deadline on one request. It
+// must outlast MaxRequest, or the app cuts a request the balancer still
+// waits for (net/http also ends a request's context at its read deadline);
+// AppKeepAlive already does (rule keepalive-outlasts-idle), by
+// KeepAliveMargin. Past it a client that stops reading or sending holds a
+// connection no longer.
+func (t Timing) RequestDeadline() time.Duration {
+	return t.AppKeepAlive
+}
+
 // WatchdogTolerance is the longest outage the watchdog never acts on: an
 // outage shorter than (strikes − 1) intervals spans at most strikes − 1 checks.
 func (t Timing) WatchdogTolerance() time.Duration {
@@ -288,6 +319,7 @@ func (t Timing) Scaled(f float64) Timing {
 	t.DeregistrationDelay = s(t.DeregistrationDelay)
 	t.LBIdleTimeout = s(t.LBIdleTimeout)
 	t.AppKeepAlive = s(t.AppKeepAlive)
+	t.ReadHeaderTimeout = s(t.ReadHeaderTimeout)
 	t.ContainerHealthInterval = s(t.ContainerHealthInterval)
 	// ContainerHealthTimeout is the host's: kept (see above).
 	t.StartTimeout = s(t.StartTimeout)
@@ -316,6 +348,8 @@ const (
 	RuleLockOutlasts      Rule = "lock-wait-outlasts-restart"
 	RuleContainerFaster   Rule = "container-check-faster"
 	RuleStartCovers       Rule = "start-covers-first-check"
+	RuleHeaderBeforeCut   Rule = "header-timeout-below-shutdown"
+	RuleIdleCoversRequest Rule = "idle-covers-shutdown"
 )
 
 // Violation is one broken rule: which fields take part and what is wrong.
@@ -390,6 +424,7 @@ func (t Timing) durations() []durationField {
 		{"DeregistrationDelay", t.DeregistrationDelay},
 		{"LBIdleTimeout", t.LBIdleTimeout},
 		{"AppKeepAlive", t.AppKeepAlive},
+		{"ReadHeaderTimeout", t.ReadHeaderTimeout},
 		{"ContainerHealthInterval", t.ContainerHealthInterval},
 		{"ContainerHealthTimeout", t.ContainerHealthTimeout},
 		{"StartTimeout", t.StartTimeout},
@@ -638,6 +673,27 @@ func Relations() []Relation {
 					t.StartTimeout, t.FirstContainerCheck(), t.ContainerHealthInterval, t.ContainerHealthTimeout)
 			},
 		},
+		{
+			Rule:   RuleHeaderBeforeCut,
+			Fields: []string{"ShutdownTimeout", "ReadHeaderTimeout"},
+			Left:   shutdown,
+			Right:  field("ReadHeaderTimeout", func(t Timing) time.Duration { return t.ReadHeaderTimeout }),
+			Strict: true,
+			explain: func(t Timing) string {
+				return fmt.Sprintf("ReadHeaderTimeout %v must be below ShutdownTimeout %v, or a client trickling its header holds every shutdown to its deadline",
+					t.ReadHeaderTimeout, t.ShutdownTimeout)
+			},
+		},
+		{
+			Rule:   RuleIdleCoversRequest,
+			Fields: []string{"LBIdleTimeout", "ShutdownTimeout"},
+			Left:   Term{"MaxRequest", Timing.MaxRequest},
+			Right:  shutdown,
+			explain: func(t Timing) string {
+				return fmt.Sprintf("LBIdleTimeout %v must cover ShutdownTimeout %v, or the balancer answers 504 to a request the app is still allowed to finish",
+					t.LBIdleTimeout, t.ShutdownTimeout)
+			},
+		},
 	}
 }
 
@@ -664,5 +720,11 @@ func (t Timing) DrainConfig() drain.Config {
 		Drain:           t.Drain,
 		ShutdownTimeout: t.ShutdownTimeout,
 		KeepAlive:       t.AppKeepAlive,
+		// Timing's reasons hold for these; drain.Config says what each does.
+		ReadHeaderTimeout: t.ReadHeaderTimeout,
+		ReadTimeout:       t.RequestDeadline(),
+		WriteTimeout:      t.RequestDeadline(),
+		MaxHeaderBytes:    MaxHeaderBytes,
+		MaxRequest:        t.MaxRequest(),
 	}
 }

@@ -137,6 +137,12 @@ func TestValidateRejects(t *testing.T) {
 			infra.RuleWholeSeconds, []string{"HealthCheckInterval"}, "HealthCheckInterval 5.5s must be whole seconds"},
 		{"grace period in fractions of a second", map[string]any{"StopGracePeriod": 30500 * time.Millisecond},
 			infra.RuleWholeSeconds, []string{"StopGracePeriod"}, "StopGracePeriod 30.5s must be whole seconds"},
+		{"header timeout as long as the shutdown", map[string]any{"ReadHeaderTimeout": 10 * time.Second},
+			infra.RuleHeaderBeforeCut, []string{"ReadHeaderTimeout", "ShutdownTimeout"},
+			"ReadHeaderTimeout 10s must be below ShutdownTimeout 10s"},
+		{"balancer gives up before the shutdown does", map[string]any{"LBIdleTimeout": 9 * time.Second},
+			infra.RuleIdleCoversRequest, []string{"LBIdleTimeout", "ShutdownTimeout"},
+			"LBIdleTimeout 9s must cover ShutdownTimeout 10s"},
 		{"zero drain", map[string]any{"Drain": time.Duration(0)},
 			infra.RulePositive, []string{"Drain"}, "Drain 0s must be positive"},
 		{"negative shutdown timeout", map[string]any{"ShutdownTimeout": -time.Second},
@@ -195,6 +201,10 @@ func TestBoundaries(t *testing.T) {
 		{"first check as long as the start", map[string]any{"ContainerHealthTimeout": p.StartTimeout - p.ContainerHealthInterval}, infra.RuleStartCovers, true},
 		{"timeout a second below interval", map[string]any{"HealthCheckTimeout": p.HealthCheckInterval - time.Second, "Drain": 15 * time.Second}, infra.RuleTimeoutBelowInt, false},
 		{"timeout equal to interval", map[string]any{"HealthCheckTimeout": p.HealthCheckInterval}, infra.RuleTimeoutBelowInt, true},
+		{"header timeout a nanosecond below shutdown", map[string]any{"ReadHeaderTimeout": p.ShutdownTimeout - 1}, infra.RuleHeaderBeforeCut, false},
+		{"header timeout equal to shutdown", map[string]any{"ReadHeaderTimeout": p.ShutdownTimeout}, infra.RuleHeaderBeforeCut, true},
+		{"idle timeout exactly the shutdown timeout", map[string]any{"LBIdleTimeout": p.ShutdownTimeout}, infra.RuleIdleCoversRequest, false},
+		{"idle timeout a nanosecond short", map[string]any{"LBIdleTimeout": p.ShutdownTimeout - 1}, infra.RuleIdleCoversRequest, true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -318,6 +328,8 @@ func TestDerived(t *testing.T) {
 	assert.Equal(t, 6*time.Second, tm.FirstContainerCheck(), "2s + 4s")
 	assert.Equal(t, 58*time.Second, tm.ServerDeployMin(), "30s + 28s")
 	assert.Equal(t, 278*time.Second, tm.ServerDeployMax(), "3m + 70s + 28s")
+	assert.Equal(t, 40*time.Second, tm.MaxRequest(), "LBIdleTimeout")
+	assert.Equal(t, 45*time.Second, tm.RequestDeadline(), "AppKeepAlive")
 }
 
 func TestScaled(t *testing.T) {
@@ -352,13 +364,19 @@ func TestScaled(t *testing.T) {
 }
 
 func TestDrainConfig(t *testing.T) {
-	tm := with(t, map[string]any{"Drain": 14 * time.Second, "ShutdownTimeout": 9 * time.Second, "AppKeepAlive": 70 * time.Second})
+	tm := with(t, map[string]any{"Drain": 14 * time.Second, "ShutdownTimeout": 9 * time.Second, "AppKeepAlive": 70 * time.Second,
+		"LBIdleTimeout": 50 * time.Second, "ReadHeaderTimeout": 4 * time.Second})
 	assert.Equal(t, drain.Config{
-		HealthPath:      infra.HealthPath,
-		HealthyStatus:   infra.HealthyStatus,
-		Drain:           14 * time.Second,
-		ShutdownTimeout: 9 * time.Second,
-		KeepAlive:       70 * time.Second,
+		HealthPath:        infra.HealthPath,
+		HealthyStatus:     infra.HealthyStatus,
+		Drain:             14 * time.Second,
+		ShutdownTimeout:   9 * time.Second,
+		KeepAlive:         70 * time.Second,
+		ReadHeaderTimeout: 4 * time.Second,
+		ReadTimeout:       70 * time.Second,
+		WriteTimeout:      70 * time.Second,
+		MaxHeaderBytes:    64 << 10,
+		MaxRequest:        50 * time.Second,
 	}, tm.DrainConfig())
 	require.NoError(t, tm.DrainConfig().Validate())
 }
@@ -399,14 +417,17 @@ func wrongValues(p infra.Timing) map[string][]any {
 		"NodeSkew":         {0, -time.Nanosecond, p.DrainMargin() + 1},
 		"Drain": {0, -time.Second, p.WorstCaseDetection() + p.NodeSkew - 1,
 			p.StopGracePeriod - p.ShutdownTimeout - p.KillMargin + 1, p.Reentry() - 1},
-		"ShutdownTimeout": {0, -time.Second, p.StopGracePeriod - p.Drain - p.KillMargin + 1, p.DeregistrationDelay + 1},
-		"KillMargin":      {0, -time.Second, p.KillSlack() + 1},
+		"ShutdownTimeout": {0, -time.Second, p.StopGracePeriod - p.Drain - p.KillMargin + 1, p.DeregistrationDelay + 1,
+			p.ReadHeaderTimeout, p.LBIdleTimeout + 1},
+		"KillMargin": {0, -time.Second, p.KillSlack() + 1},
 		"StopGracePeriod": {0, -time.Second, p.StopGracePeriod + time.Second/2,
 			whole(p.ShutdownDeadline() + p.KillMargin - time.Second),
 			p.MaxPlannedDowntime - p.StartTimeout + time.Second, p.LockWait - p.StartTimeout + time.Second},
 		"DeregistrationDelay": {-time.Second, p.ShutdownTimeout - time.Second, 3601 * time.Second,
 			p.DeregistrationDelay + time.Second/2},
-		"LBIdleTimeout":           {0, -time.Second, p.AppKeepAlive, 4001 * time.Second, p.LBIdleTimeout + time.Second/2},
+		"LBIdleTimeout": {0, -time.Second, p.AppKeepAlive, 4001 * time.Second, p.LBIdleTimeout + time.Second/2,
+			p.ShutdownTimeout - time.Second},
+		"ReadHeaderTimeout":       {0, -time.Nanosecond, p.ShutdownTimeout},
 		"AppKeepAlive":            {0, -time.Second, p.LBIdleTimeout},
 		"ContainerHealthInterval": {0, -time.Nanosecond, p.HealthCheckInterval, p.StartTimeout - p.ContainerHealthTimeout},
 		"ContainerHealthTimeout":  {0, -time.Nanosecond, p.StartTimeout - p.ContainerHealthInterval},
@@ -473,6 +494,8 @@ func TestSweepStepsInwardAreValid(t *testing.T) {
 		{"DeregistrationDelay", p.ShutdownTimeout},
 		{"ContainerHealthInterval", p.HealthCheckInterval - 1},
 		{"ContainerHealthTimeout", p.StartTimeout - p.ContainerHealthInterval - 1},
+		{"ReadHeaderTimeout", p.ShutdownTimeout - 1},
+		{"LBIdleTimeout", p.ShutdownTimeout},
 	}
 	for _, tt := range tests {
 		tm := with(t, map[string]any{tt.field: tt.value})

@@ -222,9 +222,11 @@ func TestBadInputExitsTwoListingEveryProblem(t *testing.T) {
 		not  []string
 	}{
 		{"nothing set", nil, nil, []string{
-			"8 problem(s)", `role ""`, "version must not be empty", "port: not set",
+			"13 problem(s)", `role ""`, "version must not be empty", "port: not set",
 			"MYTHEX_HEALTH_PATH is not set", "MYTHEX_HEALTHY_STATUS is not set", "MYTHEX_DRAIN is not set",
 			"MYTHEX_SHUTDOWN_TIMEOUT is not set", "MYTHEX_KEEPALIVE is not set",
+			"MYTHEX_READ_HEADER_TIMEOUT is not set", "MYTHEX_READ_TIMEOUT is not set", "MYTHEX_WRITE_TIMEOUT is not set",
+			"MYTHEX_MAX_HEADER_BYTES is not set", "MYTHEX_MAX_REQUEST is not set",
 		}, nil},
 		{"bad values", []string{"stray"},
 			append(valid, "MYTHEX_ROLE=web", "MYTHEX_VERSION= ", "MYTHEX_PORT=70000", "MYTHEX_DRAIN=15"), []string{
