@@ -87,9 +87,7 @@ func deploy(t *testing.T, s Server, version string) result {
 func TestDeployReplacesAllFour(t *testing.T) {
 	tag := images(t)
 	next := tag + "-next"
-	for _, role := range Roles {
-		tagImage(t, ImageName(DefaultImagePrefix, role, tag), ImageName(DefaultImagePrefix, role, next))
-	}
+	buildVersion(t, next)
 	s := newServer(t, dockerTiming)
 	res := deploy(t, s, tag)
 	assert.Contains(t, res.stdout, "verified: api orchestrator gateway publish-worker")
@@ -152,14 +150,13 @@ func TestDeployNamesEachBrokenService(t *testing.T) {
 	for i, tt := range tests {
 		t.Run(fmt.Sprintf("unhealthy %v, broken %v", tt.unhealthy, tt.broken), func(t *testing.T) {
 			version := fmt.Sprintf("%s-bad%d", tag, i)
+			buildVersion(t, version)
 			for _, role := range Roles {
-				src := ImageName(DefaultImagePrefix, role, tag)
 				if slices.Contains(tt.unhealthy, role) {
-					src = unhealthyImage()
+					tagImage(t, unhealthyImage(), ImageName(DefaultImagePrefix, role, version))
 				} else if slices.Contains(tt.broken, role) {
-					src = brokenImage()
+					tagImage(t, brokenImage(), ImageName(DefaultImagePrefix, role, version))
 				}
-				tagImage(t, src, ImageName(DefaultImagePrefix, role, version))
 			}
 			s := newServer(t, dockerTiming)
 			res := run(t, s, nil, "deploy", version)
@@ -189,13 +186,8 @@ func TestDeployNamesEachBrokenService(t *testing.T) {
 func TestDeployFailsAFlappingService(t *testing.T) {
 	tag := images(t)
 	version := tag + "-flap"
-	for _, role := range Roles {
-		src := ImageName(DefaultImagePrefix, role, tag)
-		if role == "gateway" {
-			src = flappingImage()
-		}
-		tagImage(t, src, ImageName(DefaultImagePrefix, role, version))
-	}
+	buildVersion(t, version)
+	tagImage(t, flappingImage(), ImageName(DefaultImagePrefix, "gateway", version))
 	s := newServer(t, dockerTiming)
 	res := run(t, s, nil, "deploy", version)
 	require.Equal(t, 1, res.code, "%s", res)
@@ -213,9 +205,7 @@ func TestDeployFailsAFlappingService(t *testing.T) {
 func TestDeployReportsKilledDrain(t *testing.T) {
 	tag := images(t)
 	next := tag + "-killed"
-	for _, role := range Roles {
-		tagImage(t, ImageName(DefaultImagePrefix, role, tag), ImageName(DefaultImagePrefix, role, next))
-	}
+	buildVersion(t, next)
 	s := newServer(t, dockerTiming)
 	deploy(t, s, tag)
 
@@ -314,9 +304,7 @@ func TestWatchdogRestartsOnlyAtTheFourthStrike(t *testing.T) {
 func TestWatchdogStandsAsideDuringDeploy(t *testing.T) {
 	tag := images(t)
 	next := tag + "-during"
-	for _, role := range Roles {
-		tagImage(t, ImageName(DefaultImagePrefix, role, tag), ImageName(DefaultImagePrefix, role, next))
-	}
+	buildVersion(t, next)
 	s := newServer(t, dockerTiming)
 	deploy(t, s, tag)
 	id := containers(t, s)["gateway"]

@@ -21,8 +21,11 @@ ENTRYPOINT ["/service"]
 var validTag = regexp.MustCompile(`^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$`)
 
 // BuildImages builds the reference service (cmd/service under repoRoot) as
-// a static binary once and tags one FROM-scratch image per role:
-// mythex/<role>:<tag>. No image is pulled.
+// a static binary once, with tag as the version built into it (what its
+// /about reports and a deploy verifies), and tags one FROM-scratch image per
+// role: mythex/<role>:<tag>. No image is pulled. An image for another
+// release is built, not re-tagged: a re-tagged image reports its old version
+// and fails the deploy, as a mis-tagged image must.
 func BuildImages(ctx context.Context, repoRoot, tag string) error {
 	if !validTag.MatchString(tag) {
 		return fmt.Errorf("build images: %q is not a valid image tag", tag)
@@ -32,7 +35,7 @@ func BuildImages(ctx context.Context, repoRoot, tag string) error {
 		return fmt.Errorf("build images: %w", err)
 	}
 	defer os.RemoveAll(dir)
-	if err := buildService(ctx, repoRoot, filepath.Join(dir, "service")); err != nil {
+	if err := buildService(ctx, repoRoot, filepath.Join(dir, "service"), tag); err != nil {
 		return err
 	}
 	dockerfile, err := os.ReadFile(filepath.Join(repoRoot, "cmd", "service", "Dockerfile"))
@@ -63,15 +66,24 @@ func RemoveImages(ctx context.Context, tag string) error {
 	return nil
 }
 
-// buildService compiles cmd/service statically, so it runs FROM scratch.
-func buildService(ctx context.Context, repoRoot, out string) error {
-	return buildStatic(ctx, repoRoot, "./cmd/service", out)
+// buildService compiles cmd/service statically, so it runs FROM scratch, with
+// version built in ("" leaves it unversioned).
+func buildService(ctx context.Context, repoRoot, out, version string) error {
+	var ldflags []string
+	if version != "" {
+		if !validTag.MatchString(version) {
+			return fmt.Errorf("build the reference service: version %q is not a valid image tag", version)
+		}
+		ldflags = append(ldflags, "-ldflags=-X main.version="+version)
+	}
+	return buildStatic(ctx, repoRoot, "./cmd/service", out, ldflags...)
 }
 
 // buildStatic compiles the Go command pkg under repoRoot into a static
-// binary at out.
-func buildStatic(ctx context.Context, repoRoot, pkg, out string) error {
-	cmd := exec.CommandContext(ctx, "go", "build", "-trimpath", "-o", out, pkg)
+// binary at out, with extra build flags.
+func buildStatic(ctx context.Context, repoRoot, pkg, out string, flags ...string) error {
+	args := append(append([]string{"build", "-trimpath"}, flags...), "-o", out, pkg)
+	cmd := exec.CommandContext(ctx, "go", args...)
 	cmd.Dir = repoRoot
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 	if b, err := cmd.CombinedOutput(); err != nil {

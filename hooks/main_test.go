@@ -109,7 +109,7 @@ func images(t *testing.T) string {
 			return
 		}
 		defer os.RemoveAll(dir)
-		if imagesErr = buildService(ctx, root, filepath.Join(dir, "service")); imagesErr != nil {
+		if imagesErr = buildService(ctx, root, filepath.Join(dir, "service"), ""); imagesErr != nil {
 			return
 		}
 		if imagesErr = buildStatic(ctx, root, "./hooks/internal/flapcheck", filepath.Join(dir, "flapcheck")); imagesErr != nil {

@@ -120,7 +120,7 @@ func Run(ctx context.Context, c Config) (Report, error) {
 	if err := hooks.BuildImages(ctx, c.RepoRoot, base); err != nil {
 		return rep, fmt.Errorf("build images: %w", err)
 	}
-	img := &images{base: base, tags: []string{base}}
+	img := &images{root: c.RepoRoot, tags: []string{base}}
 	defer img.remove()
 	for _, p := range profiles {
 		pr, err := c.runProfile(ctx, p, id, filepath.Join(work, p.Name), img)
@@ -146,21 +146,18 @@ func runID() string {
 	return "rh" + hex.EncodeToString(b)
 }
 
-// images tags the one built image with a new version per deploy: the deploy
-// hook sees a new tag each time, as in production, without rebuilding.
+// images builds the reference service images once per deploy, each with its
+// version built in: the deploy hook sees a new release each time, as in
+// production, and verifies it (a re-tagged image would fail that check).
 type images struct {
 	mu   sync.Mutex
-	base string
+	root string
 	tags []string
 }
 
 func (im *images) tag(ctx context.Context, version string) error {
-	for _, role := range hooks.Roles {
-		src := hooks.ImageName(hooks.DefaultImagePrefix, role, im.base)
-		dst := hooks.ImageName(hooks.DefaultImagePrefix, role, version)
-		if out, err := exec.CommandContext(ctx, "docker", "tag", src, dst).CombinedOutput(); err != nil {
-			return fmt.Errorf("docker tag %s %s: %w: %s", src, dst, err, bytes.TrimSpace(out))
-		}
+	if err := hooks.BuildImages(ctx, im.root, version); err != nil {
+		return fmt.Errorf("build images %s: %w", version, err)
 	}
 	im.mu.Lock()
 	im.tags = append(im.tags, version)

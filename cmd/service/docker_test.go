@@ -94,7 +94,8 @@ func TestImageDrainsOnDockerStop(t *testing.T) {
 	var about map[string]any
 	require.NoError(t, json.Unmarshal([]byte(a.Body), &about))
 	assert.Equal(t, "publish-worker", about["role"])
-	assert.Equal(t, "v-image", about["version"])
+	assert.Equal(t, builtVersion, about["version"], "the binary's own version")
+	assert.Equal(t, "v-image", about["release"])
 	assert.Equal(t, "serving", about["phase"])
 
 	grace := strconv.Itoa(int(math.Ceil(timing.StopGracePeriod.Seconds())))

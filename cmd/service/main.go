@@ -10,10 +10,12 @@
 //
 // Input comes from the environment the compose definition sets, flags
 // overriding: MYTHEX_ROLE (api, orchestrator, gateway or publish-worker),
-// MYTHEX_VERSION (the release), MYTHEX_PORT (the port inside the container;
-// 0 picks a free one, logged) and the drain variables of package drain
-// (MYTHEX_HEALTH_PATH, MYTHEX_HEALTHY_STATUS, MYTHEX_DRAIN,
-// MYTHEX_SHUTDOWN_TIMEOUT, MYTHEX_KEEPALIVE). There are no defaults: every
+// MYTHEX_VERSION (the release compose started it as), MYTHEX_PORT (the port
+// inside the container; 0 picks a free one, logged) and the drain variables
+// of package drain (MYTHEX_HEALTH_PATH, MYTHEX_HEALTHY_STATUS, MYTHEX_DRAIN,
+// MYTHEX_SHUTDOWN_TIMEOUT, MYTHEX_KEEPALIVE, MYTHEX_READ_HEADER_TIMEOUT,
+// MYTHEX_READ_TIMEOUT, MYTHEX_WRITE_TIMEOUT, MYTHEX_MAX_HEADER_BYTES,
+// MYTHEX_MAX_REQUEST). There are no defaults: every
 // number comes from the timing contract, rendered into that environment. A
 // rehearsal scales the timing by rendering infra.Prod().Scaled(f), so the
 // service has no scale flag. Bad input exits 2 with every problem listed.
@@ -21,9 +23,16 @@
 // Routes:
 //
 //	GET <MYTHEX_HEALTH_PATH>  MYTHEX_HEALTHY_STATUS while serving, 503 while draining
-//	GET /work?ms=N            200 after N ms: the in-flight request maker
-//	GET /about                {"role","version","phase","instance","in_flight"}
+//	GET /work?ms=N            200 after N ms: the in-flight request maker;
+//	                          400 unless 0 <= N <= MYTHEX_MAX_REQUEST
+//	GET /about                {"role","version","release","phase","instance","in_flight"}
 //	anything else             404
+//
+// The version /about and /work report is the one built into the binary
+// (go build -ldflags "-X main.version=V", as hooks.BuildImages does), not
+// MYTHEX_VERSION: a deploy that compares it with the release it asked for
+// catches an image tagged with the wrong version. MYTHEX_VERSION is reported
+// as "release", and a mismatch is logged at start.
 //
 // `service check` asks http://127.0.0.1:$MYTHEX_PORT$MYTHEX_HEALTH_PATH and
 // exits 0 if it answers MYTHEX_HEALTHY_STATUS, else 1 with a one-line reason.
@@ -74,6 +83,21 @@ const (
 // rendered from the timing contract, still bounds the whole command.
 const checkTimeout = 2 * time.Second
 
+// version is the release this binary was built as, set at build time with
+// -ldflags "-X main.version=V".
+var version string
+
+// unversioned is what a binary built without a version reports: it matches
+// no release, so a deploy of such an image fails its version check.
+const unversioned = "unversioned"
+
+func builtVersion() string {
+	if version == "" {
+		return unversioned
+	}
+	return version
+}
+
 // roles are the parts a deploy verifies on every server.
 var roles = []string{"api", "orchestrator", "gateway", "publish-worker"}
 
@@ -93,7 +117,11 @@ func run(args []string, getenv func(string) string, stdout, stderr io.Writer) in
 		fmt.Fprintf(stderr, "service: %v\n", err)
 		return exitBadConfig
 	}
-	log := slog.New(slog.NewJSONHandler(stderr, nil)).With("role", s.role, "version", s.version)
+	log := slog.New(slog.NewJSONHandler(stderr, nil)).With("role", s.role, "version", builtVersion())
+	if s.release != builtVersion() {
+		log.Warn("the binary's version is not the release it was started as: the image is mis-tagged",
+			"release", s.release, "env", EnvVersion)
+	}
 	// The usual Go idiom: the drain library counts the SIGTERM that ends
 	// this context and the one it receives itself as one stop request.
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
@@ -107,7 +135,8 @@ func run(args []string, getenv func(string) string, stdout, stderr io.Writer) in
 
 // settings is everything the service runs with.
 type settings struct {
-	role, version string
+	// release is what compose started this container as (MYTHEX_VERSION).
+	role, release string
 	port          int
 	drain         drain.Config
 }
@@ -118,7 +147,7 @@ func loadSettings(args []string, getenv func(string) string, stderr io.Writer) (
 	fs := flag.NewFlagSet("service", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	role := fs.String("role", getenv(EnvRole), "role to play: "+strings.Join(roles, ", ")+" (env "+EnvRole+")")
-	version := fs.String("version", getenv(EnvVersion), "release this instance reports (env "+EnvVersion+")")
+	release := fs.String("version", getenv(EnvVersion), "release compose started this instance as (env "+EnvVersion+")")
 	port := fs.String("port", getenv(EnvPort), "port to listen on, 0 for any free one (env "+EnvPort+")")
 	fs.Usage = func() {
 		fmt.Fprintf(stderr, "usage: service [flags]   serve until SIGTERM\n       service check     health check of a running service\n")
@@ -132,11 +161,11 @@ func loadSettings(args []string, getenv func(string) string, stderr io.Writer) (
 	if fs.NArg() > 0 {
 		errs = append(errs, fmt.Errorf("unexpected arguments %q (the only subcommand is check)", fs.Args()))
 	}
-	s := settings{role: *role, version: *version}
+	s := settings{role: *role, release: *release}
 	if !slices.Contains(roles, s.role) {
 		errs = append(errs, fmt.Errorf("role %q must be one of %s (-role or %s)", s.role, strings.Join(roles, ", "), EnvRole))
 	}
-	if strings.TrimSpace(s.version) == "" {
+	if strings.TrimSpace(s.release) == "" {
 		errs = append(errs, fmt.Errorf("version must not be empty (-version or %s)", EnvVersion))
 	}
 	p, err := parsePort(*port)
@@ -213,7 +242,8 @@ func serve(ctx context.Context, s settings, log *slog.Logger) error {
 	mux.HandleFunc("GET /work", work(s))
 	mux.HandleFunc("GET /about", func(w http.ResponseWriter, _ *http.Request) {
 		writeJSON(w, http.StatusOK, map[string]any{
-			"role": s.role, "version": s.version, "phase": srv.Phase().String(), "instance": instance,
+			"role": s.role, "version": builtVersion(), "release": s.release,
+			"phase": srv.Phase().String(), "instance": instance,
 			// Requests other than this one: what a drain is waiting for.
 			"in_flight": srv.InFlight() - 1,
 		})
@@ -230,15 +260,21 @@ func serve(ctx context.Context, s settings, log *slog.Logger) error {
 }
 
 // work answers after the latency the caller asks for, so a test or the
-// rehearsal can hold requests in flight across a drain.
+// rehearsal can hold requests in flight across a drain. The latency is at
+// most the contract's MaxRequest (MYTHEX_MAX_REQUEST): past it the balancer
+// has answered 504 and nobody waits for the answer, and a client could
+// otherwise hold requests open past every deploy.
 func work(s settings) http.HandlerFunc {
+	most := s.drain.MaxRequest.Milliseconds()
 	return func(w http.ResponseWriter, r *http.Request) {
-		ms, err := strconv.Atoi(r.URL.Query().Get("ms"))
+		ms, err := strconv.ParseInt(r.URL.Query().Get("ms"), 10, 64)
 		if r.URL.Query().Get("ms") == "" {
 			ms, err = 0, nil
 		}
-		if err != nil || ms < 0 {
-			writeJSON(w, http.StatusBadRequest, map[string]string{"error": "ms must be a whole number of milliseconds, 0 or more"})
+		if err != nil || ms < 0 || ms > most {
+			writeJSON(w, http.StatusBadRequest, map[string]string{"error": fmt.Sprintf(
+				"ms must be a whole number of milliseconds from 0 to %d (%s, the longest request the balancer waits for)",
+				most, drain.EnvMaxRequest)})
 			return
 		}
 		t := time.NewTimer(time.Duration(ms) * time.Millisecond)
@@ -250,7 +286,7 @@ func work(s settings) http.HandlerFunc {
 			// drain library logs the cut; there is no one to answer.
 			return
 		}
-		writeJSON(w, http.StatusOK, map[string]any{"role": s.role, "version": s.version, "ms": ms})
+		writeJSON(w, http.StatusOK, map[string]any{"role": s.role, "version": builtVersion(), "ms": ms})
 	}
 }
 

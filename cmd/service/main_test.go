@@ -26,8 +26,13 @@ import (
 	"github.com/mythex/infra/infra"
 )
 
-// binary is the service, built once as the image builds it: static.
+// binary is the service, built once as the image builds it: static, with
+// builtVersion as its version.
 var binary string
+
+// builtVersion is the version built into the test binary; the environment
+// says v-test, as a compose file would.
+const builtVersion = "v-built"
 
 // wait bounds every wait on the process; reaching it is a failure.
 const wait = 30 * time.Second
@@ -41,7 +46,7 @@ func TestMain(m *testing.M) {
 		}
 		defer os.RemoveAll(dir)
 		binary = filepath.Join(dir, "service")
-		cmd := exec.Command("go", "build", "-trimpath", "-o", binary, ".")
+		cmd := exec.Command("go", "build", "-trimpath", "-ldflags=-X main.version="+builtVersion, "-o", binary, ".")
 		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 		if out, err := cmd.CombinedOutput(); err != nil {
 			fmt.Fprintf(os.Stderr, "service test: building the service: %v\n%s", err, out)
@@ -269,22 +274,25 @@ func TestEveryRoleServesItsRoutes(t *testing.T) {
 			status, about := getJSON(t, p.addr, "/about")
 			assert.Equal(t, http.StatusOK, status)
 			assert.Equal(t, role, about["role"])
-			assert.Equal(t, "v-test", about["version"])
+			assert.Equal(t, builtVersion, about["version"])
+			assert.Equal(t, "v-test", about["release"])
 			assert.Equal(t, "serving", about["phase"])
 			assert.EqualValues(t, 0, about["in_flight"])
 			assert.NotEmpty(t, about["instance"])
 
 			status, work := getJSON(t, p.addr, "/work?ms=5")
 			assert.Equal(t, http.StatusOK, status)
-			assert.Equal(t, map[string]any{"role": role, "version": "v-test", "ms": float64(5)}, work)
+			assert.Equal(t, map[string]any{"role": role, "version": builtVersion, "ms": float64(5)}, work)
 
 			for path, want := range map[string]int{
 				infra.HealthPath: infra.HealthyStatus,
 				"/work":          http.StatusOK,
 				"/work?ms=-1":    http.StatusBadRequest,
 				"/work?ms=soon":  http.StatusBadRequest,
-				"/":              http.StatusNotFound,
-				"/admin":         http.StatusNotFound,
+				"/work?ms=" + ms(timing.MaxRequest()+time.Millisecond): http.StatusBadRequest,
+				"/work?ms=99999999999999999999":                        http.StatusBadRequest,
+				"/":                                                    http.StatusNotFound,
+				"/admin":                                               http.StatusNotFound,
 			} {
 				a, err := dial(t, p.addr).Get(path)
 				require.NoError(t, err, path)
@@ -376,7 +384,8 @@ func TestRequestSlowerThanShutdownTimeoutIsCut(t *testing.T) {
 
 	cut := make(chan error, 1)
 	go func() {
-		_, err := fetch(p.addr, "/work?ms="+ms(10*timing.ShutdownDeadline()))
+		// The longest request /work takes, longer than a drain lets finish.
+		_, err := fetch(p.addr, "/work?ms="+ms(timing.MaxRequest()))
 		cut <- err
 	}()
 	require.Eventually(t, inFlight(p.addr, 1), wait, 10*time.Millisecond, "slow request never in flight")
@@ -441,6 +450,56 @@ func TestSecondSIGTERMSkipsTheRestOfTheDrain(t *testing.T) {
 	assert.Equal(t, 0, code)
 	assert.Less(t, time.Since(sigterm), timing.Drain+timing.ShutdownTimeout)
 	assert.Empty(t, records(logs, "request cut at shutdown timeout"))
+}
+
+// /about reports the version built into the binary, whatever the
+// environment says: a deploy comparing it with the release it asked for
+// catches a mis-tagged image.
+func TestAboutReportsTheBuiltInVersion(t *testing.T) {
+	t.Parallel()
+	environ := append(env("api", infra.Prod().Scaled(0.1)), "MYTHEX_VERSION=v-other")
+	p := startService(t, environ)
+	status, about := getJSON(t, p.addr, "/about")
+	require.Equal(t, http.StatusOK, status)
+	assert.Equal(t, builtVersion, about["version"], "the version /about reports must be the binary's")
+	assert.Equal(t, "v-other", about["release"], "the release compose started it as")
+	_, work := getJSON(t, p.addr, "/work?ms=1")
+	assert.Equal(t, builtVersion, work["version"])
+
+	p.signal(t, syscall.SIGTERM)
+	code, logs := p.exit(t)
+	assert.Equal(t, 0, code)
+	warned := records(logs, "the binary's version is not the release it was started as: the image is mis-tagged")
+	require.Len(t, warned, 1, "log: %v", logs)
+	assert.Equal(t, "v-other", warned[0]["release"])
+	assert.Equal(t, builtVersion, warned[0]["version"])
+}
+
+// /work holds a request at most the contract's MaxRequest: past it the
+// balancer has given up, and nothing may hold requests past every deploy.
+func TestWorkIsBoundedByMaxRequest(t *testing.T) {
+	t.Parallel()
+	// Scaled so the longest allowed request is quick.
+	timing := infra.Prod().Scaled(0.01)
+	p := startService(t, env("gateway", timing))
+	tests := []struct {
+		ms   string
+		want int
+	}{
+		{ms(timing.MaxRequest()), http.StatusOK},
+		{ms(timing.MaxRequest() + time.Millisecond), http.StatusBadRequest},
+		{strconv.FormatInt(int64(10*time.Hour/time.Millisecond), 10), http.StatusBadRequest},
+	}
+	for _, tt := range tests {
+		status, got := getJSON(t, p.addr, "/work?ms="+tt.ms)
+		assert.Equal(t, tt.want, status, "ms=%s: %v", tt.ms, got)
+		if tt.want == http.StatusBadRequest {
+			assert.Contains(t, got["error"], "from 0 to "+ms(timing.MaxRequest())+" (MYTHEX_MAX_REQUEST", "ms=%s", tt.ms)
+		}
+	}
+	p.signal(t, syscall.SIGTERM)
+	code, _ := p.exit(t)
+	assert.Equal(t, 0, code)
 }
 
 func TestIdleKeepAliveIsTheContracts(t *testing.T) {
