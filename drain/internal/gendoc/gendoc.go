@@ -19,10 +19,11 @@ func Render(t infra.Timing) ([]byte, error) {
 		return nil, fmt.Errorf("rendering drain doc: %w", err)
 	}
 	data := struct {
-		T      infra.Timing
-		Path   string
-		Status int
-	}{T: t, Path: infra.HealthPath, Status: infra.HealthyStatus}
+		T              infra.Timing
+		Path           string
+		Status         int
+		MaxHeaderBytes int
+	}{T: t, Path: infra.HealthPath, Status: infra.HealthyStatus, MaxHeaderBytes: infra.MaxHeaderBytes}
 	var buf bytes.Buffer
 	if err := docTemplate.Execute(&buf, data); err != nil {
 		return nil, fmt.Errorf("rendering drain doc: %w", err)
@@ -86,7 +87,23 @@ var docTemplate = template.Must(template.New("doc").Funcs(template.FuncMap{"sec"
 // A second SIGTERM (or SIGINT) during the drain ends the drain at once, as an
 // operator's "I mean it": the listener closes, but in-flight requests keep
 // the whole shutdown timeout, since cutting them would turn them into 502s.
-// Later signals are ignored; the hard stop is the container's SIGKILL.
+// Later signals are ignored; the hard stop is the container's SIGKILL. A
+// context from signal.NotifyContext passed to Run, the usual idiom, is safe:
+// its ending starts the drain but never skips it, since the SIGTERM that
+// ends it is the one Run receives itself.
+//
+// Handlers keep http.Flusher and http.Hijacker, also through
+// http.ResponseController. A hijacked connection (a WebSocket) is waited for
+// within the shutdown timeout like a request, and closed and logged if still
+// open then. A handler that writes nothing still answers Connection: close
+// during the drain.
+//
+// A slow client holds a connection only as long as the contract allows: a
+// request's header must arrive within {{sec .T.ReadHeaderTimeout}}, below the shutdown timeout,
+// so a trickled header never holds a shutdown to its deadline; a request is
+// read and answered within {{sec .T.RequestDeadline}}, longer than the {{sec .T.MaxRequest}} after which the
+// balancer has answered 504, so no request it still waits for is cut; a
+// header is at most {{.MaxHeaderBytes}} bytes, the balancer's own limit.
 //
 // The numbers come from infra.Timing and nowhere else: in Go from
 // infra.Prod().DrainConfig(), in a container from the MYTHEX_* variables the
