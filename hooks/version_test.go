@@ -3,6 +3,7 @@ package hooks
 import (
 	"context"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 
@@ -41,7 +42,8 @@ func TestDeployCatchesMisTaggedImage(t *testing.T) {
 	res := run(t, s, nil, "deploy", misTagged)
 	require.Equal(t, 1, res.code, "a mis-tagged release must fail the deploy: %s", res)
 	for _, role := range Roles {
-		assert.Contains(t, res.stderr, "says version '"+tag+"', not '"+misTagged+"'", "%s: %s", role, res)
+		assert.Regexp(t, `\n  `+regexp.QuoteMeta(role)+`: /about at \S+ says version '`+regexp.QuoteMeta(tag)+`', not '`+
+			regexp.QuoteMeta(misTagged)+`'`, res.stderr, role)
 		assert.Equal(t, 1, strings.Count(res.stderr, "\n  "+role+": "), "%s named once: %s", role, res)
 	}
 	assert.NotContains(t, res.stdout, "verified:")
