@@ -54,7 +54,7 @@
 // A slow client holds a connection only as long as the contract allows: a
 // request's header must arrive within 5s, below the shutdown timeout,
 // so a trickled header never holds a shutdown to its deadline; a request is
-// read and answered within 1m15s, longer than the 1m after which the
+// read and answered within 1m15s, longer than the 30s after which the
 // balancer has answered 504, so no request it still waits for is cut; a
 // header is at most 65536 bytes, the balancer's own limit.
 //

@@ -87,6 +87,9 @@ type Timing struct {
 	AppKeepAlive time.Duration `side:"servers,process"`
 	// ReadHeaderTimeout bounds how long the app reads one request's header.
 	ReadHeaderTimeout time.Duration `side:"servers,process"`
+	// MaxRequest is the longest a request may take at the app: handlers that
+	// hold requests (long polls, the reference service's /work) stay within it.
+	MaxRequest time.Duration `side:"servers,process"`
 
 	// ContainerHealthInterval is how often Docker runs a container's own
 	// health check on the server.
@@ -164,6 +167,11 @@ func Prod() Timing {
 		// ShutdownTimeout, so such a connection is gone before the shutdown
 		// deadline instead of holding the shutdown to it.
 		ReadHeaderTimeout: 5 * time.Second,
+		// Mythex API requests finish in well under a second and
+		// ShutdownTimeout lets a slow one have ten; thirty seconds is far past
+		// any real request, so it bounds only what a client can hold open.
+		// Within LBIdleTimeout, past which the balancer has answered 504.
+		MaxRequest: 30 * time.Second,
 
 		// A loopback request every second costs nothing and lets a deploy see
 		// a new container healthy within a second of it being ready.
@@ -244,18 +252,13 @@ func (t Timing) KeepAliveMargin() time.Duration {
 	return t.AppKeepAlive - t.LBIdleTimeout
 }
 
-// MaxRequest is the longest a request can take and still be answered
-// through the balancer: one that sends nothing for LBIdleTimeout is answered
-// 504 by the balancer, which closes its connection.
-func (t Timing) MaxRequest() time.Duration {
-	return t.LBIdleTimeout
-}
-
-// RequestDeadline is the app's read and write deadline on one request. It
-// must outlast MaxRequest, or the app cuts a request the balancer still
-// waits for (net/http also ends a request's context at its read deadline);
-// AppKeepAlive already does (rule keepalive-outlasts-idle), by
-// KeepAliveMargin. Past it a client that stops reading or sending holds a
+// RequestDeadline is the app's read and write deadline on one request:
+// AppKeepAlive, which outlasts the balancer's idle timeout (rule
+// keepalive-outlasts-idle) and so every request the balancer still waits
+// for, MaxRequest included (rule idle-covers-max-request), and every request
+// the drain lets finish (rule deadline-covers-shutdown). Shorter, it would
+// cut requests the app allows (net/http also ends a request's context at its
+// read deadline). Past it a client that stops reading or sending holds a
 // connection no longer.
 func (t Timing) RequestDeadline() time.Duration {
 	return t.AppKeepAlive
@@ -320,6 +323,7 @@ func (t Timing) Scaled(f float64) Timing {
 	t.LBIdleTimeout = s(t.LBIdleTimeout)
 	t.AppKeepAlive = s(t.AppKeepAlive)
 	t.ReadHeaderTimeout = s(t.ReadHeaderTimeout)
+	t.MaxRequest = s(t.MaxRequest)
 	t.ContainerHealthInterval = s(t.ContainerHealthInterval)
 	// ContainerHealthTimeout is the host's: kept (see above).
 	t.StartTimeout = s(t.StartTimeout)
@@ -349,7 +353,8 @@ const (
 	RuleContainerFaster   Rule = "container-check-faster"
 	RuleStartCovers       Rule = "start-covers-first-check"
 	RuleHeaderBeforeCut   Rule = "header-timeout-below-shutdown"
-	RuleIdleCoversRequest Rule = "idle-covers-shutdown"
+	RuleIdleCoversRequest Rule = "idle-covers-max-request"
+	RuleDeadlineCoversCut Rule = "deadline-covers-shutdown"
 )
 
 // Violation is one broken rule: which fields take part and what is wrong.
@@ -425,6 +430,7 @@ func (t Timing) durations() []durationField {
 		{"LBIdleTimeout", t.LBIdleTimeout},
 		{"AppKeepAlive", t.AppKeepAlive},
 		{"ReadHeaderTimeout", t.ReadHeaderTimeout},
+		{"MaxRequest", t.MaxRequest},
 		{"ContainerHealthInterval", t.ContainerHealthInterval},
 		{"ContainerHealthTimeout", t.ContainerHealthTimeout},
 		{"StartTimeout", t.StartTimeout},
@@ -562,6 +568,7 @@ func Relations() []Relation {
 	plannedDowntime := field("MaxPlannedDowntime", func(t Timing) time.Duration { return t.MaxPlannedDowntime })
 	shutdown := field("ShutdownTimeout", func(t Timing) time.Duration { return t.ShutdownTimeout })
 	deployDowntime := Term{"DeployDowntime", Timing.DeployDowntime}
+	maxRequest := field("MaxRequest", func(t Timing) time.Duration { return t.MaxRequest })
 	return []Relation{
 		{
 			Rule:   RuleTimeoutBelowInt,
@@ -686,12 +693,22 @@ func Relations() []Relation {
 		},
 		{
 			Rule:   RuleIdleCoversRequest,
-			Fields: []string{"LBIdleTimeout", "ShutdownTimeout"},
-			Left:   Term{"MaxRequest", Timing.MaxRequest},
-			Right:  shutdown,
+			Fields: []string{"LBIdleTimeout", "MaxRequest"},
+			Left:   field("LBIdleTimeout", func(t Timing) time.Duration { return t.LBIdleTimeout }),
+			Right:  maxRequest,
 			explain: func(t Timing) string {
-				return fmt.Sprintf("LBIdleTimeout %v must cover ShutdownTimeout %v, or the balancer answers 504 to a request the app is still allowed to finish",
-					t.LBIdleTimeout, t.ShutdownTimeout)
+				return fmt.Sprintf("LBIdleTimeout %v must cover MaxRequest %v, or the balancer answers 504 to a request the app allows",
+					t.LBIdleTimeout, t.MaxRequest)
+			},
+		},
+		{
+			Rule:   RuleDeadlineCoversCut,
+			Fields: []string{"AppKeepAlive", "ShutdownTimeout"},
+			Left:   Term{"RequestDeadline", Timing.RequestDeadline},
+			Right:  shutdown, Strict: true,
+			explain: func(t Timing) string {
+				return fmt.Sprintf("the request deadline %v (AppKeepAlive) must exceed ShutdownTimeout %v, or the app cuts a request the drain lets finish",
+					t.RequestDeadline(), t.ShutdownTimeout)
 			},
 		},
 	}
@@ -725,6 +742,6 @@ func (t Timing) DrainConfig() drain.Config {
 		ReadTimeout:       t.RequestDeadline(),
 		WriteTimeout:      t.RequestDeadline(),
 		MaxHeaderBytes:    MaxHeaderBytes,
-		MaxRequest:        t.MaxRequest(),
+		MaxRequest:        t.MaxRequest,
 	}
 }

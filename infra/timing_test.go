@@ -140,9 +140,14 @@ func TestValidateRejects(t *testing.T) {
 		{"header timeout as long as the shutdown", map[string]any{"ReadHeaderTimeout": 10 * time.Second},
 			infra.RuleHeaderBeforeCut, []string{"ReadHeaderTimeout", "ShutdownTimeout"},
 			"ReadHeaderTimeout 10s must be below ShutdownTimeout 10s"},
-		{"balancer gives up before the shutdown does", map[string]any{"LBIdleTimeout": 9 * time.Second},
-			infra.RuleIdleCoversRequest, []string{"LBIdleTimeout", "ShutdownTimeout"},
-			"LBIdleTimeout 9s must cover ShutdownTimeout 10s"},
+		{"balancer gives up before the longest request", map[string]any{"MaxRequest": 61 * time.Second},
+			infra.RuleIdleCoversRequest, []string{"LBIdleTimeout", "MaxRequest"},
+			"LBIdleTimeout 1m0s must cover MaxRequest 1m1s"},
+		{"deadline within the shutdown timeout", map[string]any{"ShutdownTimeout": 75 * time.Second, "StopGracePeriod": 95 * time.Second,
+			"DeregistrationDelay": 75 * time.Second, "MaxPlannedDowntime": 155 * time.Second, "LockWait": 155 * time.Second},
+			infra.RuleDeadlineCoversCut, []string{"AppKeepAlive", "ShutdownTimeout"},
+			"the request deadline 1m15s (AppKeepAlive) must exceed ShutdownTimeout 1m15s"},
+
 		{"zero drain", map[string]any{"Drain": time.Duration(0)},
 			infra.RulePositive, []string{"Drain"}, "Drain 0s must be positive"},
 		{"negative shutdown timeout", map[string]any{"ShutdownTimeout": -time.Second},
@@ -203,8 +208,10 @@ func TestBoundaries(t *testing.T) {
 		{"timeout equal to interval", map[string]any{"HealthCheckTimeout": p.HealthCheckInterval}, infra.RuleTimeoutBelowInt, true},
 		{"header timeout a nanosecond below shutdown", map[string]any{"ReadHeaderTimeout": p.ShutdownTimeout - 1}, infra.RuleHeaderBeforeCut, false},
 		{"header timeout equal to shutdown", map[string]any{"ReadHeaderTimeout": p.ShutdownTimeout}, infra.RuleHeaderBeforeCut, true},
-		{"idle timeout exactly the shutdown timeout", map[string]any{"LBIdleTimeout": p.ShutdownTimeout}, infra.RuleIdleCoversRequest, false},
-		{"idle timeout a nanosecond short", map[string]any{"LBIdleTimeout": p.ShutdownTimeout - 1}, infra.RuleIdleCoversRequest, true},
+		{"idle timeout exactly the longest request", map[string]any{"LBIdleTimeout": p.MaxRequest}, infra.RuleIdleCoversRequest, false},
+		{"idle timeout a nanosecond short", map[string]any{"LBIdleTimeout": p.MaxRequest - 1}, infra.RuleIdleCoversRequest, true},
+		{"deadline a nanosecond past the shutdown timeout", map[string]any{"AppKeepAlive": p.ShutdownTimeout + 1}, infra.RuleDeadlineCoversCut, false},
+		{"deadline equal to the shutdown timeout", map[string]any{"AppKeepAlive": p.ShutdownTimeout}, infra.RuleDeadlineCoversCut, true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -328,7 +335,6 @@ func TestDerived(t *testing.T) {
 	assert.Equal(t, 6*time.Second, tm.FirstContainerCheck(), "2s + 4s")
 	assert.Equal(t, 58*time.Second, tm.ServerDeployMin(), "30s + 28s")
 	assert.Equal(t, 278*time.Second, tm.ServerDeployMax(), "3m + 70s + 28s")
-	assert.Equal(t, 40*time.Second, tm.MaxRequest(), "LBIdleTimeout")
 	assert.Equal(t, 45*time.Second, tm.RequestDeadline(), "AppKeepAlive")
 }
 
@@ -365,7 +371,7 @@ func TestScaled(t *testing.T) {
 
 func TestDrainConfig(t *testing.T) {
 	tm := with(t, map[string]any{"Drain": 14 * time.Second, "ShutdownTimeout": 9 * time.Second, "AppKeepAlive": 70 * time.Second,
-		"LBIdleTimeout": 50 * time.Second, "ReadHeaderTimeout": 4 * time.Second})
+		"MaxRequest": 50 * time.Second, "ReadHeaderTimeout": 4 * time.Second})
 	assert.Equal(t, drain.Config{
 		HealthPath:        infra.HealthPath,
 		HealthyStatus:     infra.HealthyStatus,
@@ -418,7 +424,7 @@ func wrongValues(p infra.Timing) map[string][]any {
 		"Drain": {0, -time.Second, p.WorstCaseDetection() + p.NodeSkew - 1,
 			p.StopGracePeriod - p.ShutdownTimeout - p.KillMargin + 1, p.Reentry() - 1},
 		"ShutdownTimeout": {0, -time.Second, p.StopGracePeriod - p.Drain - p.KillMargin + 1, p.DeregistrationDelay + 1,
-			p.ReadHeaderTimeout, p.LBIdleTimeout + 1},
+			p.ReadHeaderTimeout, p.AppKeepAlive},
 		"KillMargin": {0, -time.Second, p.KillSlack() + 1},
 		"StopGracePeriod": {0, -time.Second, p.StopGracePeriod + time.Second/2,
 			whole(p.ShutdownDeadline() + p.KillMargin - time.Second),
@@ -426,9 +432,10 @@ func wrongValues(p infra.Timing) map[string][]any {
 		"DeregistrationDelay": {-time.Second, p.ShutdownTimeout - time.Second, 3601 * time.Second,
 			p.DeregistrationDelay + time.Second/2},
 		"LBIdleTimeout": {0, -time.Second, p.AppKeepAlive, 4001 * time.Second, p.LBIdleTimeout + time.Second/2,
-			p.ShutdownTimeout - time.Second},
+			p.MaxRequest - time.Second},
 		"ReadHeaderTimeout":       {0, -time.Nanosecond, p.ShutdownTimeout},
-		"AppKeepAlive":            {0, -time.Second, p.LBIdleTimeout},
+		"MaxRequest":              {0, -time.Nanosecond, p.LBIdleTimeout + 1},
+		"AppKeepAlive":            {0, -time.Second, p.LBIdleTimeout, p.ShutdownTimeout},
 		"ContainerHealthInterval": {0, -time.Nanosecond, p.HealthCheckInterval, p.StartTimeout - p.ContainerHealthTimeout},
 		"ContainerHealthTimeout":  {0, -time.Nanosecond, p.StartTimeout - p.ContainerHealthInterval},
 		"StartTimeout": {0, -time.Second, p.FirstContainerCheck(), p.MaxPlannedDowntime - p.StopGracePeriod + 1,
@@ -495,7 +502,8 @@ func TestSweepStepsInwardAreValid(t *testing.T) {
 		{"ContainerHealthInterval", p.HealthCheckInterval - 1},
 		{"ContainerHealthTimeout", p.StartTimeout - p.ContainerHealthInterval - 1},
 		{"ReadHeaderTimeout", p.ShutdownTimeout - 1},
-		{"LBIdleTimeout", p.ShutdownTimeout},
+		{"LBIdleTimeout", p.MaxRequest},
+		{"MaxRequest", p.LBIdleTimeout},
 	}
 	for _, tt := range tests {
 		tm := with(t, map[string]any{tt.field: tt.value})

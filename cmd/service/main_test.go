@@ -289,10 +289,10 @@ func TestEveryRoleServesItsRoutes(t *testing.T) {
 				"/work":          http.StatusOK,
 				"/work?ms=-1":    http.StatusBadRequest,
 				"/work?ms=soon":  http.StatusBadRequest,
-				"/work?ms=" + ms(timing.MaxRequest()+time.Millisecond): http.StatusBadRequest,
-				"/work?ms=99999999999999999999":                        http.StatusBadRequest,
-				"/":                                                    http.StatusNotFound,
-				"/admin":                                               http.StatusNotFound,
+				"/work?ms=" + ms(timing.MaxRequest+time.Millisecond): http.StatusBadRequest,
+				"/work?ms=99999999999999999999":                      http.StatusBadRequest,
+				"/":                                                  http.StatusNotFound,
+				"/admin":                                             http.StatusNotFound,
 			} {
 				a, err := dial(t, p.addr).Get(path)
 				require.NoError(t, err, path)
@@ -385,7 +385,7 @@ func TestRequestSlowerThanShutdownTimeoutIsCut(t *testing.T) {
 	cut := make(chan error, 1)
 	go func() {
 		// The longest request /work takes, longer than a drain lets finish.
-		_, err := fetch(p.addr, "/work?ms="+ms(timing.MaxRequest()))
+		_, err := fetch(p.addr, "/work?ms="+ms(timing.MaxRequest))
 		cut <- err
 	}()
 	require.Eventually(t, inFlight(p.addr, 1), wait, 10*time.Millisecond, "slow request never in flight")
@@ -486,15 +486,15 @@ func TestWorkIsBoundedByMaxRequest(t *testing.T) {
 		ms   string
 		want int
 	}{
-		{ms(timing.MaxRequest()), http.StatusOK},
-		{ms(timing.MaxRequest() + time.Millisecond), http.StatusBadRequest},
+		{ms(timing.MaxRequest), http.StatusOK},
+		{ms(timing.MaxRequest + time.Millisecond), http.StatusBadRequest},
 		{strconv.FormatInt(int64(10*time.Hour/time.Millisecond), 10), http.StatusBadRequest},
 	}
 	for _, tt := range tests {
 		status, got := getJSON(t, p.addr, "/work?ms="+tt.ms)
 		assert.Equal(t, tt.want, status, "ms=%s: %v", tt.ms, got)
 		if tt.want == http.StatusBadRequest {
-			assert.Contains(t, got["error"], "from 0 to "+ms(timing.MaxRequest())+" (MYTHEX_MAX_REQUEST", "ms=%s", tt.ms)
+			assert.Contains(t, got["error"], "from 0 to "+ms(timing.MaxRequest)+" (MYTHEX_MAX_REQUEST", "ms=%s", tt.ms)
 		}
 	}
 	p.signal(t, syscall.SIGTERM)
