@@ -2,7 +2,7 @@
 // requests that reached nothing.
 //
 // K simulated servers (each a compose project started by the real hooks) sit
-// behind two Caddy instances that health-check them independently, as ALB
+// behind two HAProxy nodes that health-check them independently, as ALB
 // nodes do, with every health-check number taken from infra.Timing. A load
 // generator sends a steady rate of requests through both balancers while the
 // real rollout script runs the real deploy hook on every server in turn, D

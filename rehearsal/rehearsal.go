@@ -38,8 +38,8 @@ type Config struct {
 	// WorkDir keeps every server's directory, the balancers' configs and
 	// logs; "" means a temporary directory, removed afterwards.
 	WorkDir string
-	// Caddy is the balancer binary; "" means FindCaddy.
-	Caddy string
+	// HAProxy is the balancer binary; "" means FindHAProxy.
+	HAProxy string
 	// Progress receives a line per step; nil means none.
 	Progress io.Writer
 }
@@ -104,16 +104,12 @@ func Run(ctx context.Context, c Config) (Report, error) {
 		}
 		defer func() { _ = os.RemoveAll(work) }()
 	}
-	if c.Caddy == "" {
-		cache, err := CacheDir()
-		if err != nil {
-			return rep, err
-		}
-		c.logf("finding Caddy %s (building it on first use)", CaddyVersion)
-		if c.Caddy, err = FindCaddy(ctx, cache); err != nil {
+	if c.HAProxy == "" {
+		if c.HAProxy, err = FindHAProxy(); err != nil {
 			return rep, err
 		}
 	}
+	rep.Balancer = HAProxyVersion(c.HAProxy)
 	id := runID()
 	base := id + "-base"
 	c.logf("building the reference service images (tag %s)", base)
@@ -281,7 +277,7 @@ func (c Config) runProfile(ctx context.Context, p Profile, id, dir string, img *
 	// Two nodes, each with its own checks, as every ALB node checks every
 	// target on its own.
 	for _, name := range []string{"lb1", "lb2"} {
-		b, err := StartBalancer(ctx, c.Caddy, name, filepath.Join(dir, name), t, upstreams)
+		b, err := StartBalancer(ctx, c.HAProxy, name, filepath.Join(dir, name), t, upstreams)
 		if err != nil {
 			return pr, err
 		}

@@ -25,7 +25,7 @@ func repoRoot(t *testing.T) string {
 }
 
 // TestRehearsal is the rehearsal's CI tier: three servers, two deploys per
-// profile, real containers behind real Caddy nodes under 200 requests per
+// profile, real containers behind real HAProxy nodes under 200 requests per
 // second. prod must lose nothing; before must lose requests, or the
 // rehearsal could not tell a fix from luck.
 func TestRehearsal(t *testing.T) {

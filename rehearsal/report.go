@@ -18,11 +18,13 @@ const CountingNote = "502 and 504 are requests that reached nothing: the balance
 
 // Report is a whole rehearsal.
 type Report struct {
-	Servers  int             `json:"servers"`
-	Deploys  int             `json:"deploys"`
-	Rate     int             `json:"rate_per_second"`
-	Scale    float64         `json:"scale"`
-	Path     string          `json:"path"`
+	Servers int     `json:"servers"`
+	Deploys int     `json:"deploys"`
+	Rate    int     `json:"rate_per_second"`
+	Scale   float64 `json:"scale"`
+	Path    string  `json:"path"`
+	// Balancer is the balancer nodes' version.
+	Balancer string          `json:"balancer"`
 	Note     string          `json:"note"`
 	Profiles []ProfileReport `json:"profiles"`
 }

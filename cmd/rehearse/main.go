@@ -2,7 +2,7 @@
 // counts the requests that reached nothing.
 //
 // It starts K simulated servers (compose projects deployed by the real
-// hooks) behind two Caddy nodes health-checking them with the timing
+// hooks) behind two HAProxy nodes health-checking them with the timing
 // contract's numbers, sends R requests per second through both, and deploys
 // a new version across every server D times, with the watchdog running on
 // every server. Every duration is scaled by one factor so a deploy takes
@@ -51,7 +51,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs.StringVar(&c.Path, "path", "/work?ms=10", "route the load asks through the balancers")
 	fs.StringVar(&c.WorkDir, "workdir", "", "keep servers' directories, balancer configs and logs here (default: a temporary directory, removed)")
 	fs.StringVar(&c.RepoRoot, "repo", "", "repository root (default: found from the working directory)")
-	fs.StringVar(&c.Caddy, "caddy", "", "Caddy binary (default: caddy on PATH if it accepts the config, else built once)")
+	fs.StringVar(&c.HAProxy, "haproxy", "", "HAProxy binary (default: haproxy on PATH; "+rehearsal.HAProxyInstall+")")
 	fs.BoolVar(&asJSON, "json", false, "print the report as JSON")
 	if err := fs.Parse(args); err != nil {
 		return 2
