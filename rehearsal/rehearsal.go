@@ -33,7 +33,8 @@ type Config struct {
 	Scale float64
 	// Profiles are run one after the other, in order.
 	Profiles []string
-	// Path is what the load asks (through the balancers).
+	// Path is the route the load asks through the balancers, without a
+	// query: the load's mix (APIMix) sets how long each request takes.
 	Path string
 	// WorkDir keeps every server's directory, the balancers' configs and
 	// logs; "" means a temporary directory, removed afterwards.
@@ -63,6 +64,8 @@ func (c Config) Validate() error {
 		errs = append(errs, fieldErr("Path", "%q must start with /", c.Path))
 	} else if strings.HasPrefix(c.Path, infra.HealthPath) {
 		errs = append(errs, fieldErr("Path", "%q is the health endpoint: the load asks real routes", c.Path))
+	} else if strings.Contains(c.Path, "?") {
+		errs = append(errs, fieldErr("Path", "%q has a query: the load's mix sets it", c.Path))
 	}
 	if _, err := Profiles(c.Scale, c.Profiles...); err != nil {
 		errs = append(errs, err)
@@ -318,8 +321,14 @@ func (c Config) runProfile(ctx context.Context, p Profile, id, dir string, img *
 	bound := time.Duration(c.Deploys*len(servers)) * (t.ServerDeployMax() + t.StartTimeout)
 	load, err := StartLoad(ctx, LoadConfig{
 		Targets: targets,
-		Path:    c.Path,
+		Mix:     APIMix(t, c.Path),
 		Rate:    c.Rate,
+		// Quiet spells just under the balancer's idle timeout: the nodes
+		// then reuse upstream connections as old as they ever keep them,
+		// where a keep-alive shorter than the idle timeout would race.
+		Quiet:      t.LBIdleTimeout * 9 / 10,
+		QuietEvery: 2 * t.LBIdleTimeout,
+		QuietRate:  max(1, c.Rate/20),
 		// Longer than the balancer's own bound (it answers 504 after
 		// LBIdleTimeout), so the balancer always answers first.
 		RequestTimeout: 2 * t.LBIdleTimeout,
@@ -336,6 +345,8 @@ func (c Config) runProfile(ctx context.Context, p Profile, id, dir string, img *
 	defer func() {
 		load.Stop()
 		pr.Errors = load.Errors()
+		pr.ByMethod = load.ByMethod()
+		pr.Balancers, pr.CrossCheck = crossCheck(ctx, lbs, pr.ByMethod, load.ByTarget(), t)
 	}()
 
 	var runErr error
@@ -400,7 +411,7 @@ func (c Config) deploy(ctx context.Context, p Profile, id string, d int, servers
 	if err := img.tag(ctx, version); err != nil {
 		return dr, err
 	}
-	startCounts := load.Counts()
+	startCounts, startByMethod := load.Counts(), load.ByMethod()
 	runs0, restarts0 := watchdogTotals(servers)
 	outs0 := outs(lbs)
 	pairs0 := outsByPair(lbs)
@@ -417,6 +428,7 @@ func (c Config) deploy(ctx context.Context, p Profile, id string, d int, servers
 		dr.Verified = len(dr.Problems) == 0
 	}
 	dr.Counts = load.Counts().Sub(startCounts)
+	dr.ByMethod = subByMethod(load.ByMethod(), startByMethod)
 	runs1, restarts1 := watchdogTotals(servers)
 	dr.WatchdogRuns, dr.WatchdogRestarts = int(runs1-runs0), int(restarts1-restarts0)
 	dr.TakenOut = outs(lbs) - outs0
@@ -573,6 +585,67 @@ func checkAbout(ctx context.Context, addr, role, version string, timeout time.Du
 		return fmt.Sprintf("/about says role %q version %q, want %q %q", about.Role, about.Version, role, version)
 	}
 	return ""
+}
+
+// The load's mix: mostly short requests, some as long as half the shutdown
+// timeout, so that some are still in flight when a server's listener closes
+// and must finish within ShutdownTimeout; GETs and POSTs with a body, since
+// a balancer that forgives a GET may not forgive a POST.
+const (
+	shortMs  = 10
+	postBody = 1 << 10
+)
+
+// APIMix is the rehearsal's load on path under timing t.
+func APIMix(t infra.Timing, path string) []Kind {
+	short := fmt.Sprintf("%s?ms=%d", path, shortMs)
+	long := fmt.Sprintf("%s?ms=%d", path, (t.ShutdownTimeout / 2).Milliseconds())
+	return []Kind{
+		{Method: http.MethodGet, Path: short, Weight: 10},
+		{Method: http.MethodPost, Path: short, Body: postBody, Weight: 6},
+		{Method: http.MethodGet, Path: long, Weight: 2},
+		{Method: http.MethodPost, Path: long, Body: postBody, Weight: 2},
+	}
+}
+
+// subByMethod returns a − b per method.
+func subByMethod(a, b map[string]Counts) map[string]Counts {
+	out := map[string]Counts{}
+	for m, c := range a {
+		out[m] = c.Sub(b[m])
+	}
+	return out
+}
+
+// crossCheck reads every node's own log once it has caught up with the
+// load, and returns the answers per method as the ALB would have given them,
+// with every disagreement: each node must have logged every answer the load
+// got from it; the 502s, 503s and 504s per method must be the same on both
+// sides; and every answer a node sent must be the one the ALB would have
+// sent.
+func crossCheck(ctx context.Context, lbs []*Balancer, byMethod, byTarget map[string]Counts, t infra.Timing) (map[string]Counts, []string) {
+	var problems []string
+	var albs, sent []map[string]Counts
+	for _, b := range lbs {
+		// A node logs an answer once it is sent: wait for the stragglers.
+		if err := b.Log.Await(ctx, byTarget[b.URL()].Answered().Requests, t.StartTimeout); err != nil {
+			problems = append(problems, fmt.Sprintf("balancer %s: %v", b.Name, err))
+		}
+		albs = append(albs, b.Log.ALB())
+		sent = append(sent, b.Log.Sent())
+		for msg, n := range b.Log.Mismatches() {
+			problems = append(problems, fmt.Sprintf("balancer %s: %d× %s", b.Name, n, msg))
+		}
+	}
+	alb, logged := sumByMethod(albs...), sumByMethod(sent...)
+	for _, m := range methods(sumByMethod(byMethod, logged)) {
+		l, n := byMethod[m], logged[m]
+		if l.BadGateway != n.BadGateway || l.Unavailable != n.Unavailable || l.Timeout != n.Timeout {
+			problems = append(problems, fmt.Sprintf("%s: the load saw %d 502, %d 503, %d 504; the balancer nodes logged %d, %d, %d",
+				m, l.BadGateway, l.Unavailable, l.Timeout, n.BadGateway, n.Unavailable, n.Timeout))
+		}
+	}
+	return alb, problems
 }
 
 func summarize(t infra.Timing) TimingSummary {

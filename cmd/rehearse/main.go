@@ -48,7 +48,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs.IntVar(&c.Rate, "rate", 200, "requests per second (R), spread over both balancer nodes")
 	fs.Float64Var(&c.Scale, "scale", 0.2, "factor on every duration; must make StopGracePeriod whole seconds")
 	fs.StringVar(&profiles, "profiles", rehearsal.ProfileProd+","+rehearsal.ProfileBefore, "profiles to run, in order")
-	fs.StringVar(&c.Path, "path", "/work?ms=10", "route the load asks through the balancers")
+	fs.StringVar(&c.Path, "path", "/work", "route the load asks through the balancers (GET and POST, short and long)")
 	fs.StringVar(&c.WorkDir, "workdir", "", "keep servers' directories, balancer configs and logs here (default: a temporary directory, removed)")
 	fs.StringVar(&c.RepoRoot, "repo", "", "repository root (default: found from the working directory)")
 	fs.StringVar(&c.HAProxy, "haproxy", "", "HAProxy binary (default: haproxy on PATH; "+rehearsal.HAProxyInstall+")")
