@@ -221,7 +221,9 @@ func TestLoadConfigValidate(t *testing.T) {
 		{"name, not address", func(c *LoadConfig) { c.Targets = []string{"http://localhost:80"} }, []string{"localhost"}},
 		{"https", func(c *LoadConfig) { c.Targets = []string{"https://127.0.0.1:443"} }, []string{"https://127.0.0.1:443"}},
 		{"no targets", func(c *LoadConfig) { c.Targets = nil }, []string{"Targets is empty"}},
-		{"everything wrong at once", func(c *LoadConfig) { *c = LoadConfig{Mix: []Kind{{Method: "PUT", Path: "work", Body: -1}}, Quiet: time.Second, QuietRate: -1} }, []string{
+		{"everything wrong at once", func(c *LoadConfig) {
+			*c = LoadConfig{Mix: []Kind{{Method: "PUT", Path: "work", Body: -1}}, Quiet: time.Second, QuietRate: -1}
+		}, []string{
 			"Targets is empty", `Mix[0].Method "PUT"`, `Mix[0].Path "work"`, "Mix[0].Body -1", "Mix[0].Weight 0", "QuietEvery 0s must exceed Quiet 1s", "QuietRate -1", "Rate 0", "RequestTimeout 0s", "IdleTimeout 0s", "MaxRequests 0", "MaxDuration 0s",
 		}},
 	}
