@@ -241,7 +241,7 @@ func (c Config) runProfile(ctx context.Context, p Profile, id, dir string, img *
 	if err := os.MkdirAll(release, 0o755); err != nil {
 		return pr, fmt.Errorf("release dir: %w", err)
 	}
-	if err := writeRelease(release, t, infra.Prod().Scaled(c.Scale)); err != nil {
+	if err := writeRelease(release, p); err != nil {
 		return pr, err
 	}
 
