@@ -75,12 +75,13 @@ type AnswerLog struct {
 	sent     map[string]Counts
 	lines    int64
 	mismatch map[string]int64
+	terms    map[string]int64
 	changed  chan struct{}
 }
 
 // NewAnswerLog returns an empty log.
 func NewAnswerLog() *AnswerLog {
-	return &AnswerLog{alb: map[string]Counts{}, sent: map[string]Counts{}, mismatch: map[string]int64{}, changed: make(chan struct{})}
+	return &AnswerLog{alb: map[string]Counts{}, sent: map[string]Counts{}, mismatch: map[string]int64{}, terms: map[string]int64{}, changed: make(chan struct{})}
 }
 
 func (l *AnswerLog) parse(line string) {
@@ -94,6 +95,9 @@ func (l *AnswerLog) parse(line string) {
 	l.sent[a.Method] = l.sent[a.Method].count(a.Status)
 	if a.ALBStatus() != a.Status {
 		l.mismatch[fmt.Sprintf("%s answered %d, the ALB would answer %d (termination %s)", a.Method, a.Status, a.ALBStatus(), a.Term)]++
+	}
+	if len(a.Term) >= 2 {
+		l.terms[a.Term[:2]]++
 	}
 	l.lines++
 	close(l.changed)
@@ -116,6 +120,18 @@ func (l *AnswerLog) Mismatches() map[string]int64 {
 	defer l.mu.Unlock()
 	out := make(map[string]int64, len(l.mismatch))
 	for k, v := range l.mismatch {
+		out[k] = v
+	}
+	return out
+}
+
+// Terminations counts the answers per termination state (its first two
+// letters; "--" is a normal end).
+func (l *AnswerLog) Terminations() map[string]int64 {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	out := make(map[string]int64, len(l.terms))
+	for k, v := range l.terms {
 		out[k] = v
 	}
 	return out

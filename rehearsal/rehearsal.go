@@ -96,20 +96,29 @@ func Run(ctx context.Context, c Config) (Report, error) {
 	if err != nil {
 		return Report{}, err
 	}
-	rep := Report{Servers: c.Servers, Deploys: c.Deploys, Rate: c.Rate, Scale: c.Scale, Path: c.Path, Note: CountingNote}
+	rep, errs := c.run(ctx, profiles, false)
+	return rep, errors.Join(errs...)
+}
+
+// run rehearses profiles in order. A profile that fails ends the run unless
+// keepGoing; errs holds each failure, and rep every profile that ran.
+func (c Config) run(ctx context.Context, profiles []Profile, keepGoing bool) (rep Report, errs []error) {
+	fail := func(err error) (Report, []error) { return rep, append(errs, err) }
+	var err error
+	rep = Report{Servers: c.Servers, Deploys: c.Deploys, Rate: c.Rate, Scale: c.Scale, Path: c.Path, Note: CountingNote}
 	if err := CheckDocker(ctx); err != nil {
-		return rep, err
+		return fail(err)
 	}
 	work := c.WorkDir
 	if work == "" {
 		if work, err = os.MkdirTemp("", "mythex-rehearsal-"); err != nil {
-			return rep, fmt.Errorf("work dir: %w", err)
+			return fail(fmt.Errorf("work dir: %w", err))
 		}
 		defer func() { _ = os.RemoveAll(work) }()
 	}
 	if c.HAProxy == "" {
 		if c.HAProxy, err = FindHAProxy(); err != nil {
-			return rep, err
+			return fail(err)
 		}
 	}
 	rep.Balancer = HAProxyVersion(c.HAProxy)
@@ -117,7 +126,7 @@ func Run(ctx context.Context, c Config) (Report, error) {
 	base := id + "-base"
 	c.logf("building the reference service images (tag %s)", base)
 	if err := hooks.BuildImages(ctx, c.RepoRoot, base); err != nil {
-		return rep, fmt.Errorf("build images: %w", err)
+		return fail(fmt.Errorf("build images: %w", err))
 	}
 	img := &images{base: base, tags: []string{base}}
 	defer img.remove()
@@ -125,10 +134,13 @@ func Run(ctx context.Context, c Config) (Report, error) {
 		pr, err := c.runProfile(ctx, p, id, filepath.Join(work, p.Name), img)
 		rep.Profiles = append(rep.Profiles, pr)
 		if err != nil {
-			return rep, fmt.Errorf("profile %s: %w", p.Name, err)
+			errs = append(errs, fmt.Errorf("profile %s: %w", p.Name, err))
+			if !keepGoing || ctx.Err() != nil {
+				return rep, errs
+			}
 		}
 	}
-	return rep, nil
+	return rep, errs
 }
 
 func (c Config) logf(format string, args ...any) {
@@ -347,6 +359,12 @@ func (c Config) runProfile(ctx context.Context, p Profile, id, dir string, img *
 		pr.Errors = load.Errors()
 		pr.ByMethod = load.ByMethod()
 		pr.Balancers, pr.CrossCheck = crossCheck(ctx, lbs, pr.ByMethod, load.ByTarget(), t)
+		pr.Terminations = map[string]int64{}
+		for _, b := range lbs {
+			for k, v := range b.Log.Terminations() {
+				pr.Terminations[k] += v
+			}
+		}
 	}()
 
 	var runErr error

@@ -48,6 +48,9 @@ type ProfileReport struct {
 	// CrossCheck lists every disagreement between the nodes' logs and the
 	// load, and every answer a node sent differently from the ALB.
 	CrossCheck []string `json:"cross_check,omitempty"`
+	// Terminations counts the nodes' answers per HAProxy termination state
+	// ("--" normal, "SC" refused, "SH" closed with the request outstanding).
+	Terminations map[string]int64 `json:"terminations"`
 }
 
 // TimingSummary is the part of a timing a reader needs to judge a run.

@@ -10,9 +10,12 @@
 // old 5 s drain against a balancer that took a minute to notice), prints a
 // table per profile (or JSON with -json), and exits 1 unless prod has no 502
 // or 504, every service verified after every deploy and no watchdog restart,
-// and before shows the bug.
+// and before shows the bug. -matrix runs the invariant matrix instead: prod
+// and one profile per relation a rehearsal can break, each judged on the
+// symptom users would see.
 //
 //	go run ./cmd/rehearse -servers 3 -deploys 20 -rate 200
+//	go run ./cmd/rehearse -matrix -servers 2 -deploys 1
 package main
 
 import (
@@ -42,7 +45,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs.SetOutput(stderr)
 	c := rehearsal.Config{Progress: stderr}
 	var profiles string
-	var asJSON bool
+	var asJSON, matrix bool
 	fs.IntVar(&c.Servers, "servers", 3, "servers (K), each a compose project of four services")
 	fs.IntVar(&c.Deploys, "deploys", 3, "rolling deploys per profile (D)")
 	fs.IntVar(&c.Rate, "rate", 200, "requests per second (R), spread over both balancer nodes")
@@ -53,6 +56,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs.StringVar(&c.RepoRoot, "repo", "", "repository root (default: found from the working directory)")
 	fs.StringVar(&c.HAProxy, "haproxy", "", "HAProxy binary (default: haproxy on PATH; "+rehearsal.HAProxyInstall+")")
 	fs.BoolVar(&asJSON, "json", false, "print the report as JSON")
+	fs.BoolVar(&matrix, "matrix", false, "run the invariant matrix instead of -profiles: prod and one profile per breakable relation, each judged on its symptom")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -76,6 +80,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
+	if matrix {
+		return runMatrix(ctx, c, asJSON, stdout, stderr)
+	}
 	rep, runErr := rehearsal.Run(ctx, c)
 	write := rep.WriteTable
 	if asJSON {
@@ -93,6 +100,31 @@ func run(args []string, stdout, stderr io.Writer) int {
 	}
 	if err := rep.Check(); err != nil {
 		fmt.Fprintf(stderr, "rehearse: FAILED:\n%v\n", err)
+		return 1
+	}
+	return 0
+}
+
+// runMatrix runs the invariant matrix, prints it, and exits 1 unless every
+// row's verdict is pass.
+func runMatrix(ctx context.Context, c rehearsal.Config, asJSON bool, stdout, stderr io.Writer) int {
+	m, err := rehearsal.RunMatrix(ctx, c)
+	write := m.WriteTable
+	if asJSON {
+		write = m.WriteJSON
+	}
+	if len(m.Rows) > 0 {
+		if werr := write(stdout); werr != nil {
+			fmt.Fprintf(stderr, "rehearse: %v\n", werr)
+			return 1
+		}
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "rehearse: %v\n", err)
+		return 1
+	}
+	if m.Failed() {
+		fmt.Fprintln(stderr, "rehearse: FAILED: a row's verdict is not pass")
 		return 1
 	}
 	return 0
