@@ -243,9 +243,11 @@ func (s *server) watch(ctx context.Context, interval time.Duration) {
 
 // runProfile brings up K servers with p's timing behind two balancer nodes,
 // then deploys D new versions across them under load.
-func (c Config) runProfile(ctx context.Context, p Profile, id, dir string, img *images) (ProfileReport, error) {
+// pr is named: the deferred stop of the load fills in what the load and the
+// balancer nodes saw, after every return.
+func (c Config) runProfile(ctx context.Context, p Profile, id, dir string, img *images) (pr ProfileReport, _ error) {
 	t := p.Timing
-	pr := ProfileReport{Profile: p.Name, Timing: summarize(t)}
+	pr = ProfileReport{Profile: p.Name, Timing: summarize(t)}
 	for _, v := range p.Violations {
 		pr.Violations = append(pr.Violations, v.Error())
 	}
