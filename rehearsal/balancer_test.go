@@ -326,6 +326,30 @@ func TestFidelity(t *testing.T) {
 		}, lb.Log.ALB(), "the node's log classifies them the same way")
 	})
 
+	t.Run("the rehearsal's load sees those 502s, for GET and POST", func(t *testing.T) {
+		addr, _ := dropSecond(t)
+		lb := startTestBalancer(t, tm, addr)
+		l, err := StartLoad(ctx, LoadConfig{
+			Targets: []string{lb.URL()},
+			Mix: []Kind{
+				// Two and one: every kind lands both first and second on an
+				// upstream connection.
+				{Method: http.MethodGet, Path: "/work", Weight: 2},
+				{Method: http.MethodPost, Path: "/work", Body: 100, Weight: 1},
+			},
+			Rate: 20, RequestTimeout: time.Minute, MaxRequests: 30, MaxDuration: time.Minute,
+		})
+		require.NoError(t, err)
+		<-l.Done()
+		got := l.ByMethod()
+		for _, m := range []string{http.MethodGet, http.MethodPost} {
+			assert.Positive(t, got[m].BadGateway, "%s: %s through the load generator: %+v %v", version, m, got[m], l.Errors())
+			assert.Zero(t, got[m].ClientErrors, "%s: %s: no request cut without an answer: %v", version, m, l.Errors())
+		}
+		require.NoError(t, lb.Log.Await(ctx, 30, time.Minute))
+		assert.Equal(t, got, lb.Log.ALB(), "the node's log agrees with the load")
+	})
+
 	t.Run("a closed port is a 502", func(t *testing.T) {
 		u := newUpstream(t, "a")
 		lb := startTestBalancer(t, tm, u.addr)

@@ -94,10 +94,6 @@ type LoadConfig struct {
 	// RequestTimeout bounds one request; a request that outlives it is a
 	// client error.
 	RequestTimeout time.Duration
-	// IdleTimeout closes a connection idle this long. Keep it below the
-	// balancer's idle timeout, so the client, not the balancer, closes an
-	// idle connection, and no request races a balancer closing it.
-	IdleTimeout time.Duration
 	// MaxRequests and MaxDuration bound the run: it stops at whichever comes
 	// first, even if nobody calls Stop.
 	MaxRequests int64
@@ -146,9 +142,6 @@ func (c LoadConfig) Validate() error {
 	}
 	if c.RequestTimeout <= 0 {
 		errs = append(errs, fieldErr("RequestTimeout", "%v must be positive", c.RequestTimeout))
-	}
-	if c.IdleTimeout <= 0 {
-		errs = append(errs, fieldErr("IdleTimeout", "%v must be positive", c.IdleTimeout))
 	}
 	if c.MaxRequests <= 0 {
 		errs = append(errs, fieldErr("MaxRequests", "%d must be positive", c.MaxRequests))
@@ -218,11 +211,16 @@ func StartLoad(ctx context.Context, cfg LoadConfig) (*Load, error) {
 	// that a stuck balancer shows up as Skipped, not as unbounded goroutines.
 	conns := cfg.Rate
 	transport := &http.Transport{
-		DialContext:         (&net.Dialer{Timeout: cfg.RequestTimeout}).DialContext,
-		MaxIdleConnsPerHost: conns,
-		MaxIdleConns:        conns * len(cfg.Targets),
-		IdleConnTimeout:     cfg.IdleTimeout,
-		DisableCompression:  true,
+		DialContext: (&net.Dialer{Timeout: cfg.RequestTimeout}).DialContext,
+		// A connection per request. HAProxy answers a request that was not
+		// the first on its client connection by closing that connection
+		// silently when the server resets a reused upstream connection (it
+		// expects the client to retry, and Go's client does re-send a GET),
+		// where the ALB answers 502. The first request on a connection gets
+		// the 502; the upstream side, where the keep-alive race lives, is
+		// pooled by the node either way.
+		DisableKeepAlives:  true,
+		DisableCompression: true,
 	}
 	// Stop and MaxDuration end the pacing; requests already sent run to
 	// their own timeout and are counted. Only ctx's end cuts them.

@@ -346,12 +346,8 @@ func (c Config) runProfile(ctx context.Context, p Profile, id, dir string, img *
 		// Longer than the balancer's own bound (it answers 504 after
 		// LBIdleTimeout), so the balancer always answers first.
 		RequestTimeout: 2 * t.LBIdleTimeout,
-		// The same rule as the app's keep-alive against the balancer's idle
-		// timeout, from the client's side: the balancer must never close a
-		// connection the client is about to reuse.
-		IdleTimeout: t.LBIdleTimeout / 2,
-		MaxRequests: int64(bound.Seconds()*float64(c.Rate)) + 1,
-		MaxDuration: bound,
+		MaxRequests:    int64(bound.Seconds()*float64(c.Rate)) + 1,
+		MaxDuration:    bound,
 	})
 	if err != nil {
 		return pr, err
