@@ -70,9 +70,13 @@ func ImageName(prefix, role, version string) string {
 }
 
 // checkRenderable reports why t cannot drive the scripts: broken invariants,
-// or a duration finer than the millisecond the scripts count in.
-func checkRenderable(t infra.Timing) error {
+// or a duration finer than the millisecond the scripts count in. breaks is
+// empty except through BrokenReleaseFor.
+func checkRenderable(t infra.Timing, breaks []infra.Rule) error {
 	errs := []error{t.ValidateInvariants()}
+	if len(breaks) > 0 {
+		errs = []error{checkBreaksOnly(t, breaks)}
+	}
 	for _, d := range []struct {
 		name string
 		v    time.Duration
@@ -110,8 +114,10 @@ type composeService struct {
 
 // RenderCompose renders the compose definition for t. Its stop grace period
 // must be whole seconds, the unit the Docker engine takes.
-func RenderCompose(t infra.Timing) ([]byte, error) {
-	if err := checkRenderable(t); err != nil {
+func RenderCompose(t infra.Timing) ([]byte, error) { return renderCompose(t, nil) }
+
+func renderCompose(t infra.Timing, breaks []infra.Rule) ([]byte, error) {
+	if err := checkRenderable(t, breaks); err != nil {
 		return nil, err
 	}
 	if t.StopGracePeriod%time.Second != 0 {
@@ -175,8 +181,10 @@ func Checksum(compose []byte) []byte {
 
 // RenderTimingEnv renders the numbers the scripts read. Durations are whole
 // milliseconds, so bash's integer arithmetic handles a scaled timing too.
-func RenderTimingEnv(t infra.Timing) ([]byte, error) {
-	if err := checkRenderable(t); err != nil {
+func RenderTimingEnv(t infra.Timing) ([]byte, error) { return renderTimingEnv(t, nil) }
+
+func renderTimingEnv(t infra.Timing, breaks []infra.Rule) ([]byte, error) {
+	if err := checkRenderable(t, breaks); err != nil {
 		return nil, err
 	}
 	ms := func(d time.Duration) string { return strconv.FormatInt(int64(d/time.Millisecond), 10) }
@@ -210,8 +218,10 @@ func RenderTimingEnv(t infra.Timing) ([]byte, error) {
 
 // RenderTimer renders the systemd timer that runs the watchdog every
 // WatchdogInterval.
-func RenderTimer(t infra.Timing) ([]byte, error) {
-	if err := checkRenderable(t); err != nil {
+func RenderTimer(t infra.Timing) ([]byte, error) { return renderTimer(t, nil) }
+
+func renderTimer(t infra.Timing, breaks []infra.Rule) ([]byte, error) {
+	if err := checkRenderable(t, breaks); err != nil {
 		return nil, err
 	}
 	// systemd may delay a timer by AccuracySec (1 min by default, longer than
@@ -238,16 +248,18 @@ WantedBy=timers.target
 }
 
 // Generated returns every file go generate writes into hooks/, by name.
-func Generated(t infra.Timing) (map[string][]byte, error) {
-	compose, err := RenderCompose(t)
+func Generated(t infra.Timing) (map[string][]byte, error) { return generated(t, nil) }
+
+func generated(t infra.Timing, breaks []infra.Rule) (map[string][]byte, error) {
+	compose, err := renderCompose(t, breaks)
 	if err != nil {
 		return nil, err
 	}
-	env, err := RenderTimingEnv(t)
+	env, err := renderTimingEnv(t, breaks)
 	if err != nil {
 		return nil, err
 	}
-	timer, err := RenderTimer(t)
+	timer, err := renderTimer(t, breaks)
 	if err != nil {
 		return nil, err
 	}
@@ -262,8 +274,10 @@ func Generated(t infra.Timing) (map[string][]byte, error) {
 // WriteRelease writes what a deploy takes from its release directory for
 // timing t: compose.yaml, its checksum, and timing.env. The rehearsal and the
 // tests write one per scaled timing; production ships hooks/ itself.
-func WriteRelease(dir string, t infra.Timing) error {
-	files, err := Generated(t)
+func WriteRelease(dir string, t infra.Timing) error { return writeRelease(dir, t, nil) }
+
+func writeRelease(dir string, t infra.Timing, breaks []infra.Rule) error {
+	files, err := generated(t, breaks)
 	if err != nil {
 		return err
 	}

@@ -1,6 +1,7 @@
 package rehearsal
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -61,22 +62,38 @@ func (c Counts) Add(o Counts) Counts {
 	}
 }
 
+// Kind is one sort of request in a load's mix.
+type Kind struct {
+	// Method is GET or POST: a POST is what a balancer must never send
+	// twice, and a GET is what a forgiving proxy silently re-sends.
+	Method string
+	// Path is the route with its query (e.g. /work?ms=10).
+	Path string
+	// Body is the size of a POST's body in bytes.
+	Body int
+	// Weight is the kind's share of the mix, relative to the others.
+	Weight int
+}
+
 // LoadConfig is what a Load sends.
 type LoadConfig struct {
 	// Targets are base URLs on 127.0.0.1 (the balancer nodes); requests are
 	// spread over them in turn.
 	Targets []string
-	// Path is the route asked, with its query (e.g. /work?ms=5).
-	Path string
+	// Mix is what is asked, each kind in proportion to its weight.
+	Mix []Kind
 	// Rate is requests per second, over all targets together.
 	Rate int
+	// Quiet spells: every QuietEvery, the last Quiet of it runs at QuietRate
+	// instead of Rate. The balancer's pooled upstream connections sit idle
+	// through a spell and are reused when the rate comes back: with Quiet
+	// just under the balancer's idle timeout, the oldest reuse it allows.
+	// Zero Quiet means none.
+	Quiet, QuietEvery time.Duration
+	QuietRate         int
 	// RequestTimeout bounds one request; a request that outlives it is a
 	// client error.
 	RequestTimeout time.Duration
-	// IdleTimeout closes a connection idle this long. Keep it below the
-	// balancer's idle timeout, so the client, not the balancer, closes an
-	// idle connection, and no request races a balancer closing it.
-	IdleTimeout time.Duration
 	// MaxRequests and MaxDuration bound the run: it stops at whichever comes
 	// first, even if nobody calls Stop.
 	MaxRequests int64
@@ -94,17 +111,37 @@ func (c LoadConfig) Validate() error {
 			errs = append(errs, err)
 		}
 	}
-	if c.Path == "" || c.Path[0] != '/' {
-		errs = append(errs, fieldErr("Path", "%q must start with /", c.Path))
+	if len(c.Mix) == 0 {
+		errs = append(errs, fieldErr("Mix", "is empty"))
+	}
+	for i, k := range c.Mix {
+		if k.Method != http.MethodGet && k.Method != http.MethodPost {
+			errs = append(errs, fieldErr(fmt.Sprintf("Mix[%d].Method", i), "%q must be GET or POST", k.Method))
+		}
+		if k.Path == "" || k.Path[0] != '/' {
+			errs = append(errs, fieldErr(fmt.Sprintf("Mix[%d].Path", i), "%q must start with /", k.Path))
+		}
+		if k.Body < 0 || (k.Method == http.MethodGet && k.Body != 0) {
+			errs = append(errs, fieldErr(fmt.Sprintf("Mix[%d].Body", i), "%d must be 0 for a GET and not negative", k.Body))
+		}
+		if k.Weight < 1 {
+			errs = append(errs, fieldErr(fmt.Sprintf("Mix[%d].Weight", i), "%d must be at least 1", k.Weight))
+		}
 	}
 	if c.Rate <= 0 {
 		errs = append(errs, fieldErr("Rate", "%d must be positive", c.Rate))
 	}
+	if c.Quiet < 0 {
+		errs = append(errs, fieldErr("Quiet", "%v must not be negative", c.Quiet))
+	}
+	if c.Quiet > 0 && c.QuietEvery <= c.Quiet {
+		errs = append(errs, fieldErr("QuietEvery", "%v must exceed Quiet %v", c.QuietEvery, c.Quiet))
+	}
+	if c.QuietRate < 0 || c.QuietRate > c.Rate {
+		errs = append(errs, fieldErr("QuietRate", "%d must be within [0, Rate %d]", c.QuietRate, c.Rate))
+	}
 	if c.RequestTimeout <= 0 {
 		errs = append(errs, fieldErr("RequestTimeout", "%v must be positive", c.RequestTimeout))
-	}
-	if c.IdleTimeout <= 0 {
-		errs = append(errs, fieldErr("IdleTimeout", "%v must be positive", c.IdleTimeout))
 	}
 	if c.MaxRequests <= 0 {
 		errs = append(errs, fieldErr("MaxRequests", "%d must be positive", c.MaxRequests))
@@ -116,6 +153,14 @@ func (c LoadConfig) Validate() error {
 		return fmt.Errorf("load config: %w", err)
 	}
 	return nil
+}
+
+// rateAt is the rate due elapsed into the run.
+func (c LoadConfig) rateAt(elapsed time.Duration) float64 {
+	if c.Quiet > 0 && elapsed%c.QuietEvery >= c.QuietEvery-c.Quiet {
+		return float64(c.QuietRate)
+	}
+	return float64(c.Rate)
 }
 
 // fieldErr is a problem with one named field of a config; the message
@@ -145,7 +190,11 @@ type Load struct {
 	done   chan struct{}
 	wg     sync.WaitGroup
 
-	requests, ok, s502, s503, s504, other, clientErr, skipped atomic.Int64
+	kinds    []Kind // the mix, each kind repeated by its weight
+	total    counter
+	byMethod map[string]*counter
+	byTarget map[string]*counter
+	skipped  atomic.Int64
 
 	errMu     sync.Mutex
 	errSample map[string]int64
@@ -162,28 +211,47 @@ func StartLoad(ctx context.Context, cfg LoadConfig) (*Load, error) {
 	// that a stuck balancer shows up as Skipped, not as unbounded goroutines.
 	conns := cfg.Rate
 	transport := &http.Transport{
-		DialContext:         (&net.Dialer{Timeout: cfg.RequestTimeout}).DialContext,
-		MaxIdleConnsPerHost: conns,
-		MaxIdleConns:        conns * len(cfg.Targets),
-		IdleConnTimeout:     cfg.IdleTimeout,
-		DisableCompression:  true,
+		DialContext: (&net.Dialer{Timeout: cfg.RequestTimeout}).DialContext,
+		// A connection per request. HAProxy answers a request that was not
+		// the first on its client connection by closing that connection
+		// silently when the server resets a reused upstream connection (it
+		// expects the client to retry, and Go's client does re-send a GET),
+		// where the ALB answers 502. The first request on a connection gets
+		// the 502; the upstream side, where the keep-alive race lives, is
+		// pooled by the node either way.
+		DisableKeepAlives:  true,
+		DisableCompression: true,
 	}
 	// Stop and MaxDuration end the pacing; requests already sent run to
 	// their own timeout and are counted. Only ctx's end cuts them.
 	pace, cancel := context.WithTimeout(ctx, cfg.MaxDuration)
 	l := &Load{
 		cfg:       cfg,
+		byMethod:  map[string]*counter{},
+		byTarget:  map[string]*counter{},
 		client:    &http.Client{Transport: transport, Timeout: cfg.RequestTimeout},
 		cancel:    cancel,
 		done:      make(chan struct{}),
 		errSample: map[string]int64{},
 	}
+	for _, t := range cfg.Targets {
+		l.byTarget[t] = &counter{}
+	}
+	for _, k := range cfg.Mix {
+		for range k.Weight {
+			l.kinds = append(l.kinds, k)
+		}
+		if l.byMethod[k.Method] == nil {
+			l.byMethod[k.Method] = &counter{}
+		}
+	}
 	go l.run(pace, ctx, conns)
 	return l, nil
 }
 
-// run paces requests by a ticker: at each tick it starts as many as the rate
-// says should have started by now, so a late tick never lowers the rate.
+// run paces requests by a ticker: at each tick it starts as many as the
+// rate (integrated over time, quiet spells included) says should have
+// started by now, so a late tick never lowers the rate.
 func (l *Load) run(pace, reqCtx context.Context, conns int) {
 	defer close(l.done)
 	defer l.client.CloseIdleConnections()
@@ -194,23 +262,27 @@ func (l *Load) run(pace, reqCtx context.Context, conns int) {
 	ticker := time.NewTicker(interval)
 	defer ticker.Stop()
 	start := time.Now()
+	last := start
 	var sent int64
-	for next := 0; ; {
+	var due float64
+	for {
 		select {
 		case <-pace.Done():
 			return
 		case now := <-ticker.C:
-			due := min(int64(now.Sub(start).Seconds()*float64(l.cfg.Rate)), l.cfg.MaxRequests)
-			for ; sent < due; sent++ {
-				target := l.cfg.Targets[next%len(l.cfg.Targets)]
-				next++
+			due += l.cfg.rateAt(now.Sub(start)) * now.Sub(last).Seconds()
+			last = now
+			for ; sent < min(int64(due), l.cfg.MaxRequests); sent++ {
+				// Every kind goes to every target in turn.
+				kind := l.kinds[sent%int64(len(l.kinds))]
+				target := l.cfg.Targets[(sent/int64(len(l.kinds)))%int64(len(l.cfg.Targets))]
 				select {
 				case slots <- struct{}{}:
 					l.wg.Add(1)
 					go func() {
 						defer l.wg.Done()
 						defer func() { <-slots }()
-						l.one(reqCtx, target)
+						l.one(reqCtx, target, kind)
 					}()
 				default:
 					l.skipped.Add(1)
@@ -223,10 +295,15 @@ func (l *Load) run(pace, reqCtx context.Context, conns int) {
 	}
 }
 
-func (l *Load) one(ctx context.Context, target string) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, target+l.cfg.Path, nil)
+func (l *Load) one(ctx context.Context, target string, k Kind) {
+	var body io.Reader
+	if k.Method == http.MethodPost {
+		body = bytes.NewReader(bytes.Repeat([]byte("x"), k.Body))
+	}
+	c := &multi{l.byMethod[k.Method], l.byTarget[target]}
+	req, err := http.NewRequestWithContext(ctx, k.Method, target+k.Path, body)
 	if err != nil {
-		l.clientError(err)
+		l.clientError(c, err)
 		return
 	}
 	resp, err := l.client.Do(req)
@@ -235,35 +312,67 @@ func (l *Load) one(ctx context.Context, target string) {
 			// The whole rehearsal was cancelled: not a failed request.
 			return
 		}
-		l.clientError(err)
+		l.clientError(c, err)
 		return
 	}
 	// Read the whole body so the connection goes back to the pool.
 	_, copyErr := io.Copy(io.Discard, resp.Body)
 	_ = resp.Body.Close()
-	l.requests.Add(1)
-	switch {
-	case copyErr != nil:
-		l.clientErr.Add(1)
-		l.noteError(fmt.Errorf("read body: %w", copyErr))
-	case resp.StatusCode >= 200 && resp.StatusCode < 300:
-		l.ok.Add(1)
-	case resp.StatusCode == http.StatusBadGateway:
-		l.s502.Add(1)
-	case resp.StatusCode == http.StatusServiceUnavailable:
-		l.s503.Add(1)
-	case resp.StatusCode == http.StatusGatewayTimeout:
-		l.s504.Add(1)
-	default:
-		l.other.Add(1)
-		l.noteError(fmt.Errorf("status %d", resp.StatusCode))
+	if copyErr != nil {
+		l.clientError(c, fmt.Errorf("%s: read body: %w", k.Method, copyErr))
+		return
+	}
+	l.total.add(resp.StatusCode)
+	c[0].add(resp.StatusCode)
+	c[1].add(resp.StatusCode)
+	if s := resp.StatusCode; s < 200 || (s >= 300 && s != http.StatusBadGateway && s != http.StatusServiceUnavailable && s != http.StatusGatewayTimeout) {
+		l.noteError(fmt.Errorf("%s: status %d", k.Method, s))
 	}
 }
 
-func (l *Load) clientError(err error) {
-	l.requests.Add(1)
-	l.clientErr.Add(1)
+func (l *Load) clientError(c *multi, err error) {
+	for _, x := range append(c[:], &l.total) {
+		x.requests.Add(1)
+		x.clientErr.Add(1)
+	}
 	l.noteError(err)
+}
+
+// multi is the counters one request counts in: its method's and its
+// target's.
+type multi [2]*counter
+
+// counter counts answers as they come, safe for concurrent use.
+type counter struct {
+	requests, ok, s502, s503, s504, other, clientErr atomic.Int64
+}
+
+func (c *counter) add(status int) {
+	c.requests.Add(1)
+	switch {
+	case status >= 200 && status < 300:
+		c.ok.Add(1)
+	case status == http.StatusBadGateway:
+		c.s502.Add(1)
+	case status == http.StatusServiceUnavailable:
+		c.s503.Add(1)
+	case status == http.StatusGatewayTimeout:
+		c.s504.Add(1)
+	default:
+		c.other.Add(1)
+	}
+}
+
+func (c *counter) load() Counts {
+	return Counts{
+		Requests:     c.requests.Load(),
+		OK:           c.ok.Load(),
+		BadGateway:   c.s502.Load(),
+		Unavailable:  c.s503.Load(),
+		Timeout:      c.s504.Load(),
+		OtherStatus:  c.other.Load(),
+		ClientErrors: c.clientErr.Load(),
+	}
 }
 
 // noteError keeps a count per distinct message (bounded), so a report can
@@ -279,16 +388,27 @@ func (l *Load) noteError(err error) {
 
 // Counts returns the counts so far.
 func (l *Load) Counts() Counts {
-	return Counts{
-		Requests:     l.requests.Load(),
-		OK:           l.ok.Load(),
-		BadGateway:   l.s502.Load(),
-		Unavailable:  l.s503.Load(),
-		Timeout:      l.s504.Load(),
-		OtherStatus:  l.other.Load(),
-		ClientErrors: l.clientErr.Load(),
-		Skipped:      l.skipped.Load(),
+	c := l.total.load()
+	c.Skipped = l.skipped.Load()
+	return c
+}
+
+// ByMethod returns the counts so far per method (Skipped is not split).
+func (l *Load) ByMethod() map[string]Counts {
+	out := make(map[string]Counts, len(l.byMethod))
+	for m, c := range l.byMethod {
+		out[m] = c.load()
 	}
+	return out
+}
+
+// ByTarget returns the counts so far per target.
+func (l *Load) ByTarget() map[string]Counts {
+	out := make(map[string]Counts, len(l.byTarget))
+	for t, c := range l.byTarget {
+		out[t] = c.load()
+	}
+	return out
 }
 
 // Errors returns the distinct client errors and unexpected statuses seen,

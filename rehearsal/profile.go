@@ -2,7 +2,7 @@
 // requests that reached nothing.
 //
 // K simulated servers (each a compose project started by the real hooks) sit
-// behind two Caddy instances that health-check them independently, as ALB
+// behind two HAProxy nodes that health-check them independently, as ALB
 // nodes do, with every health-check number taken from infra.Timing. A load
 // generator sends a steady rate of requests through both balancers while the
 // real rollout script runs the real deploy hook on every server in turn, D
@@ -41,6 +41,10 @@ const (
 	beforeUnhealthyThreshold  = 2
 )
 
+// beforeBreaks are the relations the old setup breaks: its drain is shorter
+// than detection, and shorter than re-entry.
+var beforeBreaks = []infra.Rule{infra.RuleDrainOutlasts, infra.RuleReentryShort}
+
 // Profile is one timing a rehearsal deploys with.
 type Profile struct {
 	// Name is ProfileProd or ProfileBefore.
@@ -52,6 +56,9 @@ type Profile struct {
 	// Violations are the rules Unscaled breaks: none for prod, the reasons
 	// for the 502s for before.
 	Violations []infra.Violation
+	// Breaks names the relations the profile breaks on purpose; its release
+	// is rendered only if it breaks those and no other.
+	Breaks []infra.Rule
 }
 
 // Before returns the article's old setup: Prod with only the numbers the
@@ -108,6 +115,9 @@ func Profiles(f float64, names ...string) ([]Profile, error) {
 			continue
 		}
 		p := Profile{Name: name, Unscaled: base, Timing: base.Scaled(f), Violations: base.Violations()}
+		if name == ProfileBefore {
+			p.Breaks = beforeBreaks
+		}
 		if name == ProfileProd {
 			if err := p.Timing.ValidateInvariants(); err != nil {
 				errs = append(errs, fmt.Errorf("profile prod scaled by %v: %w", f, err))

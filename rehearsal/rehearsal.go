@@ -33,13 +33,14 @@ type Config struct {
 	Scale float64
 	// Profiles are run one after the other, in order.
 	Profiles []string
-	// Path is what the load asks (through the balancers).
+	// Path is the route the load asks through the balancers, without a
+	// query: the load's mix (APIMix) sets how long each request takes.
 	Path string
 	// WorkDir keeps every server's directory, the balancers' configs and
 	// logs; "" means a temporary directory, removed afterwards.
 	WorkDir string
-	// Caddy is the balancer binary; "" means FindCaddy.
-	Caddy string
+	// HAProxy is the balancer binary; "" means FindHAProxy.
+	HAProxy string
 	// Progress receives a line per step; nil means none.
 	Progress io.Writer
 }
@@ -63,6 +64,8 @@ func (c Config) Validate() error {
 		errs = append(errs, fieldErr("Path", "%q must start with /", c.Path))
 	} else if strings.HasPrefix(c.Path, infra.HealthPath) {
 		errs = append(errs, fieldErr("Path", "%q is the health endpoint: the load asks real routes", c.Path))
+	} else if strings.Contains(c.Path, "?") {
+		errs = append(errs, fieldErr("Path", "%q has a query: the load's mix sets it", c.Path))
 	}
 	if _, err := Profiles(c.Scale, c.Profiles...); err != nil {
 		errs = append(errs, err)
@@ -93,32 +96,37 @@ func Run(ctx context.Context, c Config) (Report, error) {
 	if err != nil {
 		return Report{}, err
 	}
-	rep := Report{Servers: c.Servers, Deploys: c.Deploys, Rate: c.Rate, Scale: c.Scale, Path: c.Path, Note: CountingNote}
+	rep, errs := c.run(ctx, profiles, false)
+	return rep, errors.Join(errs...)
+}
+
+// run rehearses profiles in order. A profile that fails ends the run unless
+// keepGoing; errs holds each failure, and rep every profile that ran.
+func (c Config) run(ctx context.Context, profiles []Profile, keepGoing bool) (rep Report, errs []error) {
+	fail := func(err error) (Report, []error) { return rep, append(errs, err) }
+	var err error
+	rep = Report{Servers: c.Servers, Deploys: c.Deploys, Rate: c.Rate, Scale: c.Scale, Path: c.Path, Note: CountingNote}
 	if err := CheckDocker(ctx); err != nil {
-		return rep, err
+		return fail(err)
 	}
 	work := c.WorkDir
 	if work == "" {
 		if work, err = os.MkdirTemp("", "mythex-rehearsal-"); err != nil {
-			return rep, fmt.Errorf("work dir: %w", err)
+			return fail(fmt.Errorf("work dir: %w", err))
 		}
 		defer func() { _ = os.RemoveAll(work) }()
 	}
-	if c.Caddy == "" {
-		cache, err := CacheDir()
-		if err != nil {
-			return rep, err
-		}
-		c.logf("finding Caddy %s (building it on first use)", CaddyVersion)
-		if c.Caddy, err = FindCaddy(ctx, cache); err != nil {
-			return rep, err
+	if c.HAProxy == "" {
+		if c.HAProxy, err = FindHAProxy(); err != nil {
+			return fail(err)
 		}
 	}
+	rep.Balancer = HAProxyVersion(c.HAProxy)
 	id := runID()
 	base := id + "-base"
 	c.logf("building the reference service images (tag %s)", base)
 	if err := hooks.BuildImages(ctx, c.RepoRoot, base); err != nil {
-		return rep, fmt.Errorf("build images: %w", err)
+		return fail(fmt.Errorf("build images: %w", err))
 	}
 	img := &images{root: c.RepoRoot, tags: []string{base}}
 	defer img.remove()
@@ -126,10 +134,13 @@ func Run(ctx context.Context, c Config) (Report, error) {
 		pr, err := c.runProfile(ctx, p, id, filepath.Join(work, p.Name), img)
 		rep.Profiles = append(rep.Profiles, pr)
 		if err != nil {
-			return rep, fmt.Errorf("profile %s: %w", p.Name, err)
+			errs = append(errs, fmt.Errorf("profile %s: %w", p.Name, err))
+			if !keepGoing || ctx.Err() != nil {
+				return rep, errs
+			}
 		}
 	}
-	return rep, nil
+	return rep, errs
 }
 
 func (c Config) logf(format string, args ...any) {
@@ -229,9 +240,11 @@ func (s *server) watch(ctx context.Context, interval time.Duration) {
 
 // runProfile brings up K servers with p's timing behind two balancer nodes,
 // then deploys D new versions across them under load.
-func (c Config) runProfile(ctx context.Context, p Profile, id, dir string, img *images) (ProfileReport, error) {
+// pr is named: the deferred stop of the load fills in what the load and the
+// balancer nodes saw, after every return.
+func (c Config) runProfile(ctx context.Context, p Profile, id, dir string, img *images) (pr ProfileReport, _ error) {
 	t := p.Timing
-	pr := ProfileReport{Profile: p.Name, Timing: summarize(t)}
+	pr = ProfileReport{Profile: p.Name, Timing: summarize(t)}
 	for _, v := range p.Violations {
 		pr.Violations = append(pr.Violations, v.Error())
 	}
@@ -239,7 +252,7 @@ func (c Config) runProfile(ctx context.Context, p Profile, id, dir string, img *
 	if err := os.MkdirAll(release, 0o755); err != nil {
 		return pr, fmt.Errorf("release dir: %w", err)
 	}
-	if err := writeRelease(release, t, infra.Prod().Scaled(c.Scale)); err != nil {
+	if err := writeRelease(release, p); err != nil {
 		return pr, err
 	}
 
@@ -278,7 +291,7 @@ func (c Config) runProfile(ctx context.Context, p Profile, id, dir string, img *
 	// Two nodes, each with its own checks, as every ALB node checks every
 	// target on its own.
 	for _, name := range []string{"lb1", "lb2"} {
-		b, err := StartBalancer(ctx, c.Caddy, name, filepath.Join(dir, name), t, upstreams)
+		b, err := StartBalancer(ctx, c.HAProxy, name, filepath.Join(dir, name), t, upstreams)
 		if err != nil {
 			return pr, err
 		}
@@ -319,17 +332,19 @@ func (c Config) runProfile(ctx context.Context, p Profile, id, dir string, img *
 	bound := time.Duration(c.Deploys*len(servers)) * (t.ServerDeployMax() + t.StartTimeout)
 	load, err := StartLoad(ctx, LoadConfig{
 		Targets: targets,
-		Path:    c.Path,
+		Mix:     APIMix(t, c.Path),
 		Rate:    c.Rate,
+		// Quiet spells just under the balancer's idle timeout: the nodes
+		// then reuse upstream connections as old as they ever keep them,
+		// where a keep-alive shorter than the idle timeout would race.
+		Quiet:      t.LBIdleTimeout * 9 / 10,
+		QuietEvery: 2 * t.LBIdleTimeout,
+		QuietRate:  max(1, c.Rate/20),
 		// Longer than the balancer's own bound (it answers 504 after
 		// LBIdleTimeout), so the balancer always answers first.
 		RequestTimeout: 2 * t.LBIdleTimeout,
-		// The same rule as the app's keep-alive against the balancer's idle
-		// timeout, from the client's side: the balancer must never close a
-		// connection the client is about to reuse.
-		IdleTimeout: t.LBIdleTimeout / 2,
-		MaxRequests: int64(bound.Seconds()*float64(c.Rate)) + 1,
-		MaxDuration: bound,
+		MaxRequests:    int64(bound.Seconds()*float64(c.Rate)) + 1,
+		MaxDuration:    bound,
 	})
 	if err != nil {
 		return pr, err
@@ -337,6 +352,14 @@ func (c Config) runProfile(ctx context.Context, p Profile, id, dir string, img *
 	defer func() {
 		load.Stop()
 		pr.Errors = load.Errors()
+		pr.ByMethod = load.ByMethod()
+		pr.Balancers, pr.CrossCheck = crossCheck(ctx, lbs, pr.ByMethod, load.ByTarget(), t)
+		pr.Terminations = map[string]int64{}
+		for _, b := range lbs {
+			for k, v := range b.Log.Terminations() {
+				pr.Terminations[k] += v
+			}
+		}
 	}()
 
 	var runErr error
@@ -401,7 +424,7 @@ func (c Config) deploy(ctx context.Context, p Profile, id string, d int, servers
 	if err := img.tag(ctx, version); err != nil {
 		return dr, err
 	}
-	startCounts := load.Counts()
+	startCounts, startByMethod := load.Counts(), load.ByMethod()
 	runs0, restarts0 := watchdogTotals(servers)
 	outs0 := outs(lbs)
 	pairs0 := outsByPair(lbs)
@@ -418,6 +441,7 @@ func (c Config) deploy(ctx context.Context, p Profile, id string, d int, servers
 		dr.Verified = len(dr.Problems) == 0
 	}
 	dr.Counts = load.Counts().Sub(startCounts)
+	dr.ByMethod = subByMethod(load.ByMethod(), startByMethod)
 	runs1, restarts1 := watchdogTotals(servers)
 	dr.WatchdogRuns, dr.WatchdogRestarts = int(runs1-runs0), int(restarts1-restarts0)
 	dr.TakenOut = outs(lbs) - outs0
@@ -574,6 +598,67 @@ func checkAbout(ctx context.Context, addr, role, version string, timeout time.Du
 		return fmt.Sprintf("/about says role %q version %q, want %q %q", about.Role, about.Version, role, version)
 	}
 	return ""
+}
+
+// The load's mix: mostly short requests, some as long as half the shutdown
+// timeout, so that some are still in flight when a server's listener closes
+// and must finish within ShutdownTimeout; GETs and POSTs with a body, since
+// a balancer that forgives a GET may not forgive a POST.
+const (
+	shortMs  = 10
+	postBody = 1 << 10
+)
+
+// APIMix is the rehearsal's load on path under timing t.
+func APIMix(t infra.Timing, path string) []Kind {
+	short := fmt.Sprintf("%s?ms=%d", path, shortMs)
+	long := fmt.Sprintf("%s?ms=%d", path, (t.ShutdownTimeout / 2).Milliseconds())
+	return []Kind{
+		{Method: http.MethodGet, Path: short, Weight: 10},
+		{Method: http.MethodPost, Path: short, Body: postBody, Weight: 6},
+		{Method: http.MethodGet, Path: long, Weight: 2},
+		{Method: http.MethodPost, Path: long, Body: postBody, Weight: 2},
+	}
+}
+
+// subByMethod returns a − b per method.
+func subByMethod(a, b map[string]Counts) map[string]Counts {
+	out := map[string]Counts{}
+	for m, c := range a {
+		out[m] = c.Sub(b[m])
+	}
+	return out
+}
+
+// crossCheck reads every node's own log once it has caught up with the
+// load, and returns the answers per method as the ALB would have given them,
+// with every disagreement: each node must have logged every answer the load
+// got from it; the 502s, 503s and 504s per method must be the same on both
+// sides; and every answer a node sent must be the one the ALB would have
+// sent.
+func crossCheck(ctx context.Context, lbs []*Balancer, byMethod, byTarget map[string]Counts, t infra.Timing) (map[string]Counts, []string) {
+	var problems []string
+	var albs, sent []map[string]Counts
+	for _, b := range lbs {
+		// A node logs an answer once it is sent: wait for the stragglers.
+		if err := b.Log.Await(ctx, byTarget[b.URL()].Answered().Requests, t.StartTimeout); err != nil {
+			problems = append(problems, fmt.Sprintf("balancer %s: %v", b.Name, err))
+		}
+		albs = append(albs, b.Log.ALB())
+		sent = append(sent, b.Log.Sent())
+		for msg, n := range b.Log.Mismatches() {
+			problems = append(problems, fmt.Sprintf("balancer %s: %d× %s", b.Name, n, msg))
+		}
+	}
+	alb, logged := sumByMethod(albs...), sumByMethod(sent...)
+	for _, m := range methods(sumByMethod(byMethod, logged)) {
+		l, n := byMethod[m], logged[m]
+		if l.BadGateway != n.BadGateway || l.Unavailable != n.Unavailable || l.Timeout != n.Timeout {
+			problems = append(problems, fmt.Sprintf("%s: the load saw %d 502, %d 503, %d 504; the balancer nodes logged %d, %d, %d",
+				m, l.BadGateway, l.Unavailable, l.Timeout, n.BadGateway, n.Unavailable, n.Timeout))
+		}
+	}
+	return alb, problems
 }
 
 func summarize(t infra.Timing) TimingSummary {

@@ -3,6 +3,7 @@ package rehearsal
 import (
 	"bytes"
 	"context"
+	"net/http"
 	"os"
 	"path/filepath"
 	"testing"
@@ -25,7 +26,7 @@ func repoRoot(t *testing.T) string {
 }
 
 // TestRehearsal is the rehearsal's CI tier: three servers, two deploys per
-// profile, real containers behind real Caddy nodes under 200 requests per
+// profile, real containers behind real HAProxy nodes under 200 requests per
 // second. prod must lose nothing; before must lose requests, or the
 // rehearsal could not tell a fix from luck.
 func TestRehearsal(t *testing.T) {
@@ -42,7 +43,7 @@ func TestRehearsal(t *testing.T) {
 		Rate:     200,
 		Scale:    0.2,
 		Profiles: []string{ProfileProd, ProfileBefore},
-		Path:     "/work?ms=10",
+		Path:     "/work",
 		WorkDir:  t.TempDir(),
 		Progress: &progress,
 	}
@@ -68,6 +69,17 @@ func TestRehearsal(t *testing.T) {
 		assert.Empty(t, d.NotTakenOut, "prod deploy %d: node/server pairs where the node never took the server out", d.Deploy)
 		assert.GreaterOrEqual(t, d.TakenOut, 2*c.Servers, "prod deploy %d: servers taken out by the balancer nodes", d.Deploy)
 		assert.Positive(t, d.OK, "prod deploy %d: traffic flowed", d.Deploy)
+		for _, m := range []string{http.MethodGet, http.MethodPost} {
+			assert.Positive(t, d.ByMethod[m].OK, "prod deploy %d: %s traffic flowed", d.Deploy, m)
+			assert.Zero(t, d.ByMethod[m].ReachedNothing(), "prod deploy %d: %s 502s and 504s", d.Deploy, m)
+		}
+	}
+	for _, p := range rep.Profiles {
+		assert.Empty(t, p.CrossCheck, "%s: the balancer nodes' logs agree with the load", p.Profile)
+		assert.Equal(t, p.Total.Requests, p.ByMethod[http.MethodGet].Requests+p.ByMethod[http.MethodPost].Requests, "%s: every request counted per method", p.Profile)
+		assert.GreaterOrEqual(t, p.Balancers[http.MethodGet].Requests+p.Balancers[http.MethodPost].Requests,
+			p.Total.Requests-p.Total.ClientErrors, "%s: the nodes logged every answer", p.Profile)
+		assert.Equal(t, p.ByMethod[http.MethodPost].BadGateway, p.Balancers[http.MethodPost].BadGateway, "%s: POST 502s, load and logs", p.Profile)
 	}
 	assert.Positive(t, prod.Total.WatchdogRuns, "the watchdog ran during the deploys")
 	require.Len(t, before.Deploys, c.Deploys)
@@ -77,7 +89,7 @@ func TestRehearsal(t *testing.T) {
 
 func TestConfigValidate(t *testing.T) {
 	good := Config{RepoRoot: "/repo", Servers: 3, Deploys: 2, Rate: 200, Scale: 0.2,
-		Profiles: []string{ProfileProd, ProfileBefore}, Path: "/work?ms=10"}
+		Profiles: []string{ProfileProd, ProfileBefore}, Path: "/work"}
 	require.NoError(t, good.Validate())
 
 	bad := Config{Scale: 0.25, Profiles: []string{"prod", "nope"}, Path: "/healthz"}

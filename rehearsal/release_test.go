@@ -1,6 +1,7 @@
 package rehearsal
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -26,40 +27,57 @@ func readRelease(t *testing.T, dir string) map[string]string {
 }
 
 func TestWriteReleaseProdIsTheHooksOwn(t *testing.T) {
-	ref := infra.Prod().Scaled(0.2)
+	ps, err := Profiles(0.2, ProfileProd)
+	require.NoError(t, err)
+	ref := ps[0].Timing
 	got, want := t.TempDir(), t.TempDir()
-	require.NoError(t, writeRelease(got, ref, ref))
+	require.NoError(t, writeRelease(got, ps[0]))
 	require.NoError(t, hooks.WriteRelease(want, ref))
 	assert.Equal(t, readRelease(t, want), readRelease(t, got))
 }
 
 func TestWriteReleaseBeforeDiffersOnlyInTheDrain(t *testing.T) {
 	ref := infra.Prod().Scaled(0.2)
-	before := Before().Scaled(0.2)
+	ps, err := Profiles(0.2, ProfileBefore)
+	require.NoError(t, err)
+	before := ps[0].Timing
 	require.Error(t, hooks.WriteRelease(t.TempDir(), before), "the hooks refuse the old setup")
 
 	dir, refDir := t.TempDir(), t.TempDir()
-	require.NoError(t, writeRelease(dir, before, ref))
+	require.NoError(t, writeRelease(dir, ps[0]))
 	require.NoError(t, hooks.WriteRelease(refDir, ref))
 	got, prod := readRelease(t, dir), readRelease(t, refDir)
 
 	drainOf := func(tm infra.Timing) string { return `"` + drain.EnvDrain + "=" + tm.Drain.String() + `"` }
 	assert.Equal(t, len(hooks.Roles), strings.Count(got[hooks.ComposeFile], drainOf(before)), "every service drains for before's %v", before.Drain)
 	assert.NotContains(t, got[hooks.ComposeFile], drainOf(ref))
-	assert.Equal(t, strings.ReplaceAll(prod[hooks.ComposeFile], drainOf(ref), drainOf(before)), got[hooks.ComposeFile],
-		"nothing else differs from prod's servers")
+	assert.Equal(t, uncommented(strings.ReplaceAll(prod[hooks.ComposeFile], drainOf(ref), drainOf(before))), uncommented(got[hooks.ComposeFile]),
+		"nothing else differs from prod's servers (the header comment tells before's drain)")
 	assert.Equal(t, string(hooks.Checksum([]byte(got[hooks.ComposeFile]))), got[hooks.ChecksumFile], "checksum matches what is shipped")
-	assert.Equal(t, prod[hooks.TimingEnvFile], got[hooks.TimingEnvFile])
+	// The deploy watches new containers for the balancer's re-entry time:
+	// before's own, from its slower checks.
+	settle := func(tm infra.Timing) string { return fmt.Sprintf("MYTHEX_SETTLE_MS=%d\n", tm.Reentry().Milliseconds()) }
+	assert.Equal(t, strings.ReplaceAll(prod[hooks.TimingEnvFile], settle(ref), settle(before)), got[hooks.TimingEnvFile],
+		"the scripts' numbers are prod's but for the re-entry the deploy waits out")
 }
 
-func TestSwapEnvRefusesWhatItCannotFind(t *testing.T) {
-	compose := []byte(`- "A=1"` + "\n" + `- "A=1"` + "\n")
-	out, err := swapEnv(compose, []string{"A=1", "B=2"}, []string{"A=9", "B=2"}, 2)
+func TestWriteReleaseRefusesAnUnnamedBreak(t *testing.T) {
+	ps, err := Profiles(0.2, ProfileBefore)
 	require.NoError(t, err)
-	assert.Equal(t, `- "A=9"`+"\n"+`- "A=9"`+"\n", string(out))
+	p := ps[0]
+	p.Breaks = p.Breaks[:1]
+	err = writeRelease(t.TempDir(), p)
+	require.Error(t, err)
+	assert.ErrorContains(t, err, "profile before")
+}
 
-	_, err = swapEnv(compose, []string{"A=1"}, []string{"A=9"}, 3)
-	assert.ErrorContains(t, err, `"A=1" occurs 2 times in the compose definition, want once per service (3)`)
-	_, err = swapEnv(compose, []string{"A=1"}, nil, 2)
-	assert.ErrorContains(t, err, "0 entries for 1")
+// uncommented drops a YAML file's comment lines.
+func uncommented(s string) string {
+	var keep []string
+	for _, l := range strings.Split(s, "\n") {
+		if !strings.HasPrefix(l, "#") {
+			keep = append(keep, l)
+		}
+	}
+	return strings.Join(keep, "\n")
 }

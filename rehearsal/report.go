@@ -18,11 +18,13 @@ const CountingNote = "502 and 504 are requests that reached nothing: the balance
 
 // Report is a whole rehearsal.
 type Report struct {
-	Servers  int             `json:"servers"`
-	Deploys  int             `json:"deploys"`
-	Rate     int             `json:"rate_per_second"`
-	Scale    float64         `json:"scale"`
-	Path     string          `json:"path"`
+	Servers int     `json:"servers"`
+	Deploys int     `json:"deploys"`
+	Rate    int     `json:"rate_per_second"`
+	Scale   float64 `json:"scale"`
+	Path    string  `json:"path"`
+	// Balancer is the balancer nodes' version.
+	Balancer string          `json:"balancer"`
 	Note     string          `json:"note"`
 	Profiles []ProfileReport `json:"profiles"`
 }
@@ -38,6 +40,17 @@ type ProfileReport struct {
 	Total      DeployReport   `json:"total"`
 	// Errors are the distinct client errors and unexpected statuses seen.
 	Errors map[string]int64 `json:"errors,omitempty"`
+	// ByMethod is what the load saw over the whole profile, per method.
+	ByMethod map[string]Counts `json:"by_method"`
+	// Balancers is what the balancer nodes' own logs say, per method, each
+	// answer classified as the ALB would have answered it.
+	Balancers map[string]Counts `json:"balancer_logs"`
+	// CrossCheck lists every disagreement between the nodes' logs and the
+	// load, and every answer a node sent differently from the ALB.
+	CrossCheck []string `json:"cross_check,omitempty"`
+	// Terminations counts the nodes' answers per HAProxy termination state
+	// ("--" normal, "SC" refused, "SH" closed with the request outstanding).
+	Terminations map[string]int64 `json:"terminations"`
 }
 
 // TimingSummary is the part of a timing a reader needs to judge a run.
@@ -61,6 +74,8 @@ type DeployReport struct {
 	Deploy  int    `json:"deploy,omitempty"`
 	Version string `json:"version,omitempty"`
 	Counts
+	// ByMethod splits Counts per method.
+	ByMethod map[string]Counts `json:"by_method,omitempty"`
 	// ServerSeconds are the seconds each server's deploy took, from the
 	// deploy hook's start until every balancer node had it back in service.
 	ServerSeconds []float64 `json:"server_seconds"`
@@ -129,6 +144,7 @@ func total(deploys []DeployReport) DeployReport {
 	t := DeployReport{Verified: len(deploys) > 0}
 	for _, d := range deploys {
 		t.Counts = t.Counts.Add(d.Counts)
+		t.ByMethod = sumByMethod(t.ByMethod, d.ByMethod)
 		t.ServerSeconds = append(t.ServerSeconds, d.ServerSeconds...)
 		t.HookSeconds = append(t.HookSeconds, d.HookSeconds...)
 		t.ServerDeployMin = d.ServerDeployMin
@@ -155,8 +171,8 @@ func (r Report) WriteJSON(w io.Writer) error {
 // WriteTable writes r as a table per profile, a row per deploy and a total.
 func (r Report) WriteTable(w io.Writer) error {
 	var b strings.Builder
-	fmt.Fprintf(&b, "Rehearsal: %d servers, %d deploys per profile, %d requests/s of GET %s through 2 balancer nodes, every duration × %g.\n",
-		r.Servers, r.Deploys, r.Rate, r.Path, r.Scale)
+	fmt.Fprintf(&b, "Rehearsal: %d servers, %d deploys per profile, up to %d requests/s of GET and POST %s (short and long, with quiet spells) through 2 balancer nodes (%s), every duration × %g.\n",
+		r.Servers, r.Deploys, r.Rate, r.Path, r.Balancer, r.Scale)
 	fmt.Fprintf(&b, "%s\n", wrap(r.Note, 100))
 	for _, p := range r.Profiles {
 		tm := p.Timing
@@ -179,6 +195,24 @@ func (r Report) WriteTable(w io.Writer) error {
 		row("total", p.Total)
 		if err := tw.Flush(); err != nil {
 			return fmt.Errorf("write report: %w", err)
+		}
+		for _, side := range []struct {
+			label string
+			m     map[string]Counts
+		}{{"the load saw", p.ByMethod}, {"the balancer nodes logged, as the ALB would answer", p.Balancers}} {
+			if len(side.m) == 0 {
+				continue
+			}
+			var parts []string
+			for _, m := range methods(side.m) {
+				c := side.m[m]
+				parts = append(parts, fmt.Sprintf("%s %d (%d 2xx, %d 502, %d 503, %d 504, %d client errors)",
+					m, c.Requests, c.OK, c.BadGateway, c.Unavailable, c.Timeout, c.ClientErrors))
+			}
+			fmt.Fprintf(&b, "  %s: %s\n", side.label, strings.Join(parts, "; "))
+		}
+		for _, pr := range p.CrossCheck {
+			fmt.Fprintf(&b, "  CROSS-CHECK: %s\n", pr)
 		}
 		if p.Total.Skipped > 0 {
 			fmt.Fprintf(&b, "  the load generator fell %d requests short of the rate (every connection busy)\n", p.Total.Skipped)
@@ -239,6 +273,9 @@ func (r Report) Check() error {
 	for _, p := range r.Profiles {
 		if len(p.Deploys) != r.Deploys {
 			errs = append(errs, fmt.Errorf("%s: %d of %d deploys ran", p.Profile, len(p.Deploys), r.Deploys))
+		}
+		for _, pr := range p.CrossCheck {
+			errs = append(errs, fmt.Errorf("%s: the balancer logs and the load disagree: %s", p.Profile, pr))
 		}
 		switch p.Profile {
 		case ProfileProd:

@@ -25,7 +25,7 @@ import (
 //
 //   - MYTHEX_DEPLOY_CMD SERVER VERSION runs the deploy hook with that
 //     simulated server's environment;
-//   - MYTHEX_WAIT_IN_SERVICE SERVER returns once every Caddy node has the
+//   - MYTHEX_WAIT_IN_SERVICE SERVER returns once every balancer node has the
 //     server back in rotation (HealthTracker).
 //
 // The endpoint also times each server, from its deploy starting to its

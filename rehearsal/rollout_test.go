@@ -51,8 +51,8 @@ func trackerOnly(servers []*server) []*Balancer {
 		ups = append(ups, s.addr)
 	}
 	return []*Balancer{
-		{Name: "lb1", Health: NewHealthTracker(1, ups)},
-		{Name: "lb2", Health: NewHealthTracker(1, ups)},
+		{Name: "lb1", Health: NewHealthTracker(ups)},
+		{Name: "lb2", Health: NewHealthTracker(ups)},
 	}
 }
 

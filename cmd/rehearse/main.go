@@ -2,7 +2,7 @@
 // counts the requests that reached nothing.
 //
 // It starts K simulated servers (compose projects deployed by the real
-// hooks) behind two Caddy nodes health-checking them with the timing
+// hooks) behind two HAProxy nodes health-checking them with the timing
 // contract's numbers, sends R requests per second through both, and deploys
 // a new version across every server D times, with the watchdog running on
 // every server. Every duration is scaled by one factor so a deploy takes
@@ -10,9 +10,12 @@
 // old 5 s drain against a balancer that took a minute to notice), prints a
 // table per profile (or JSON with -json), and exits 1 unless prod has no 502
 // or 504, every service verified after every deploy and no watchdog restart,
-// and before shows the bug.
+// and before shows the bug. -matrix runs the invariant matrix instead: prod
+// and one profile per relation a rehearsal can break, each judged on the
+// symptom users would see.
 //
 //	go run ./cmd/rehearse -servers 3 -deploys 20 -rate 200
+//	go run ./cmd/rehearse -matrix -servers 2 -deploys 1
 package main
 
 import (
@@ -42,17 +45,18 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs.SetOutput(stderr)
 	c := rehearsal.Config{Progress: stderr}
 	var profiles string
-	var asJSON bool
+	var asJSON, matrix bool
 	fs.IntVar(&c.Servers, "servers", 3, "servers (K), each a compose project of four services")
 	fs.IntVar(&c.Deploys, "deploys", 3, "rolling deploys per profile (D)")
 	fs.IntVar(&c.Rate, "rate", 200, "requests per second (R), spread over both balancer nodes")
 	fs.Float64Var(&c.Scale, "scale", 0.2, "factor on every duration; must make StopGracePeriod whole seconds")
 	fs.StringVar(&profiles, "profiles", rehearsal.ProfileProd+","+rehearsal.ProfileBefore, "profiles to run, in order")
-	fs.StringVar(&c.Path, "path", "/work?ms=10", "route the load asks through the balancers")
+	fs.StringVar(&c.Path, "path", "/work", "route the load asks through the balancers (GET and POST, short and long)")
 	fs.StringVar(&c.WorkDir, "workdir", "", "keep servers' directories, balancer configs and logs here (default: a temporary directory, removed)")
 	fs.StringVar(&c.RepoRoot, "repo", "", "repository root (default: found from the working directory)")
-	fs.StringVar(&c.Caddy, "caddy", "", "Caddy binary (default: caddy on PATH if it accepts the config, else built once)")
+	fs.StringVar(&c.HAProxy, "haproxy", "", "HAProxy binary (default: haproxy on PATH; "+rehearsal.HAProxyInstall+")")
 	fs.BoolVar(&asJSON, "json", false, "print the report as JSON")
+	fs.BoolVar(&matrix, "matrix", false, "run the invariant matrix instead of -profiles: prod and one profile per breakable relation, each judged on its symptom")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -76,6 +80,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
+	if matrix {
+		return runMatrix(ctx, c, asJSON, stdout, stderr)
+	}
 	rep, runErr := rehearsal.Run(ctx, c)
 	write := rep.WriteTable
 	if asJSON {
@@ -93,6 +100,31 @@ func run(args []string, stdout, stderr io.Writer) int {
 	}
 	if err := rep.Check(); err != nil {
 		fmt.Fprintf(stderr, "rehearse: FAILED:\n%v\n", err)
+		return 1
+	}
+	return 0
+}
+
+// runMatrix runs the invariant matrix, prints it, and exits 1 unless every
+// row's verdict is pass.
+func runMatrix(ctx context.Context, c rehearsal.Config, asJSON bool, stdout, stderr io.Writer) int {
+	m, err := rehearsal.RunMatrix(ctx, c)
+	write := m.WriteTable
+	if asJSON {
+		write = m.WriteJSON
+	}
+	if len(m.Rows) > 0 {
+		if werr := write(stdout); werr != nil {
+			fmt.Fprintf(stderr, "rehearse: %v\n", werr)
+			return 1
+		}
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "rehearse: %v\n", err)
+		return 1
+	}
+	if m.Failed() {
+		fmt.Fprintln(stderr, "rehearse: FAILED: a row's verdict is not pass")
 		return 1
 	}
 	return 0

@@ -25,6 +25,8 @@
 //	GET <MYTHEX_HEALTH_PATH>  MYTHEX_HEALTHY_STATUS while serving, 503 while draining
 //	GET /work?ms=N            200 after N ms: the in-flight request maker;
 //	                          400 unless 0 <= N <= MYTHEX_MAX_REQUEST
+//	POST /work?ms=N           the same, after reading the request body: a
+//	                          write a balancer must never send twice
 //	GET /about                {"role","version","release","phase","instance","in_flight"}
 //	anything else             404
 //
@@ -240,6 +242,7 @@ func serve(ctx context.Context, s settings, log *slog.Logger) error {
 	var srv *drain.Server
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /work", work(s))
+	mux.HandleFunc("POST /work", work(s))
 	mux.HandleFunc("GET /about", func(w http.ResponseWriter, _ *http.Request) {
 		writeJSON(w, http.StatusOK, map[string]any{
 			"role": s.role, "version": builtVersion(), "release": s.release,
@@ -277,6 +280,11 @@ func work(s settings) http.HandlerFunc {
 				most, drain.EnvMaxRequest)})
 			return
 		}
+		n, err := io.Copy(io.Discard, r.Body)
+		if err != nil {
+			// The client or the balancer went away mid-body.
+			return
+		}
 		t := time.NewTimer(time.Duration(ms) * time.Millisecond)
 		defer t.Stop()
 		select {
@@ -286,7 +294,7 @@ func work(s settings) http.HandlerFunc {
 			// drain library logs the cut; there is no one to answer.
 			return
 		}
-		writeJSON(w, http.StatusOK, map[string]any{"role": s.role, "version": builtVersion(), "ms": ms})
+		writeJSON(w, http.StatusOK, map[string]any{"role": s.role, "version": builtVersion(), "ms": ms, "body_bytes": n})
 	}
 }
 

@@ -282,7 +282,15 @@ func TestEveryRoleServesItsRoutes(t *testing.T) {
 
 			status, work := getJSON(t, p.addr, "/work?ms=5")
 			assert.Equal(t, http.StatusOK, status)
-			assert.Equal(t, map[string]any{"role": role, "version": builtVersion, "ms": float64(5)}, work)
+			assert.Equal(t, map[string]any{"role": role, "version": builtVersion, "ms": float64(5), "body_bytes": float64(0)}, work)
+
+			resp, err := http.Post("http://"+p.addr+"/work?ms=1", "application/json", strings.NewReader(`{"order":42}`))
+			require.NoError(t, err)
+			var posted map[string]any
+			require.NoError(t, json.NewDecoder(resp.Body).Decode(&posted))
+			require.NoError(t, resp.Body.Close())
+			assert.Equal(t, http.StatusOK, resp.StatusCode)
+			assert.Equal(t, map[string]any{"role": role, "version": builtVersion, "ms": float64(1), "body_bytes": float64(12)}, posted, "POST reads the body")
 
 			for path, want := range map[string]int{
 				infra.HealthPath: infra.HealthyStatus,

@@ -1,0 +1,272 @@
+package rehearsal
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"slices"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/mythex/infra/infra"
+)
+
+// The invariant matrix carries the timing gate's mutation test to the real
+// system: for each relation of the contract a rehearsal can exercise, a
+// profile derived from prod that breaks that relation and as little else as
+// possible, and the symptom users would see, observed in the same run.
+
+// Case is one row of the matrix.
+type Case struct {
+	// Profile names the row's profile.
+	Profile string
+	// Breaks are the relations the profile breaks; none for prod.
+	Breaks []infra.Rule
+	// Expected is the symptom users would see.
+	Expected string
+	// timing derives the profile's unscaled timing from prod.
+	timing func() infra.Timing
+	// observe says what the run showed and whether it is the symptom.
+	observe func(ProfileReport) (observed string, shown bool)
+}
+
+// The rows' numbers, each the smallest change that breaks its relation at
+// the default scale (StopGracePeriod stays whole seconds scaled by 0.2).
+const (
+	// Docker kills before the 15 s drain is over.
+	brokenStopGrace = 10 * time.Second
+	// The app closes idle connections long before the balancer's 60 s:
+	// every few requests race a close.
+	brokenKeepAlive = time.Second
+)
+
+// MatrixCases are the matrix's rows, prod first.
+func MatrixCases() []Case {
+	return []Case{
+		{
+			Profile:  ProfileProd,
+			Expected: "none: no 502, no 504, every service verified, no watchdog restart",
+			timing:   infra.Prod,
+			observe: func(p ProfileReport) (string, bool) {
+				bad := p.Total.BadGateway + p.Total.Timeout
+				restarts := p.Total.WatchdogRestarts
+				return fmt.Sprintf("%d 502, %d 504, verified %s, %d watchdog restarts", p.Total.BadGateway, p.Total.Timeout,
+					yesNo(p.Total.Verified), restarts), bad != 0 || restarts != 0 || !p.Total.Verified
+			},
+		},
+		{
+			Profile:  "short-drain",
+			Breaks:   beforeBreaks,
+			Expected: "502s: a server stops listening while the balancer still sends to it",
+			timing:   Before,
+			observe: func(p ProfileReport) (string, bool) {
+				return fmt.Sprintf("%d 502 in %d requests", p.Total.BadGateway, p.Total.Requests), p.Total.BadGateway > 0
+			},
+		},
+		{
+			Profile:  "short-keepalive",
+			Breaks:   []infra.Rule{infra.RuleKeepAlive},
+			Expected: "502s on reused connections: the app closes a connection the balancer reuses (termination SH)",
+			timing: func() infra.Timing {
+				t := infra.Prod()
+				t.AppKeepAlive = brokenKeepAlive
+				return t
+			},
+			observe: func(p ProfileReport) (string, bool) {
+				n := p.Terminations["SH"]
+				return fmt.Sprintf("%d 502 with the request outstanding (SH), %d 502 in all", n, p.Total.BadGateway), n > 0
+			},
+		},
+		{
+			Profile:  "short-grace",
+			Breaks:   []infra.Rule{infra.RuleFitsGrace},
+			Expected: "old containers killed (exit 137) mid-drain, in-flight requests cut",
+			timing: func() infra.Timing {
+				t := infra.Prod()
+				t.StopGracePeriod = brokenStopGrace
+				return t
+			},
+			observe: func(p ProfileReport) (string, bool) {
+				killed := 0
+				for _, d := range p.Deploys {
+					for _, pr := range d.Problems {
+						killed += strings.Count(pr, "exited 137")
+					}
+				}
+				return fmt.Sprintf("%d old containers exited 137; %d 502, %d client errors", killed, p.Total.BadGateway, p.Total.ClientErrors), killed > 0
+			},
+		},
+	}
+}
+
+// Unrehearsable says, for every relation no row breaks, why a rehearsal
+// cannot show its symptom.
+var Unrehearsable = map[infra.Rule]string{
+	infra.RuleWatchdogTolerates: "the shared lock keeps the watchdog out of every deploy (it logs \"deploy in progress\" and checks nothing), so fewer strikes alone restart nothing in a deploy; the relation guards a planned stop the lock does not cover",
+	infra.RuleTimeoutBelowInt:   "AWS refuses the target group at `pulumi up`: nothing is ever deployed with it",
+	infra.RuleReentryShort:      "a slow re-entry costs deploy time, not requests: it shows as s/server, which every row reports",
+	infra.RuleDowntimePlanned:   "MaxPlannedDowntime is a number the watchdog relation reads; it has no behaviour of its own",
+	infra.RuleDeregCovers:       "the stand-in balancer has no deregistration: a DOWN server gets no new request at once",
+	infra.RuleLockOutlasts:      "needs a watchdog restart holding the lock when a deploy starts; the rehearsal's watchdog restarts nothing in prod",
+	infra.RuleContainerFaster:   "Docker's health check only gates the deploy hook's own wait, which the rehearsal verifies on its own",
+	infra.RuleStartCovers:       "a start timeout shorter than the first container check fails the first deploy on every server, before any load",
+}
+
+// MatrixRow is one row's result.
+type MatrixRow struct {
+	Profile  string   `json:"profile"`
+	Breaks   []string `json:"breaks"`
+	Expected string   `json:"expected"`
+	Observed string   `json:"observed"`
+	// Verdict is "pass" when prod shows no symptom or a broken profile shows
+	// its own, else "FAIL".
+	Verdict string `json:"verdict"`
+	// Error is what stopped the row's run, if anything (a broken profile's
+	// deploy may fail by design).
+	Error string `json:"error,omitempty"`
+}
+
+// Matrix is a whole matrix run.
+type Matrix struct {
+	Date          string            `json:"date"`
+	Rows          []MatrixRow       `json:"rows"`
+	Unrehearsable map[string]string `json:"unrehearsable"`
+	Report        Report            `json:"report"`
+}
+
+// Failed reports whether any row's verdict is not pass.
+func (m Matrix) Failed() bool {
+	for _, r := range m.Rows {
+		if r.Verdict != "pass" {
+			return true
+		}
+	}
+	return len(m.Rows) == 0
+}
+
+// matrixProfiles scales every case's timing by f.
+func matrixProfiles(f float64, cases []Case) ([]Profile, error) {
+	var out []Profile
+	for _, cs := range cases {
+		base := cs.timing()
+		if err := CheckScale(base, f); err != nil {
+			return nil, fmt.Errorf("matrix row %s: %w", cs.Profile, err)
+		}
+		out = append(out, Profile{Name: cs.Profile, Unscaled: base, Timing: base.Scaled(f), Violations: base.Violations(), Breaks: cs.Breaks})
+	}
+	return out, nil
+}
+
+// RunMatrix runs every row of the matrix with c's servers, deploys, rate and
+// scale (c.Profiles is ignored) and judges each.
+func RunMatrix(ctx context.Context, c Config) (Matrix, error) {
+	c.Profiles = []string{ProfileProd}
+	if err := c.Validate(); err != nil {
+		return Matrix{}, err
+	}
+	cases := MatrixCases()
+	profiles, err := matrixProfiles(c.Scale, cases)
+	if err != nil {
+		return Matrix{}, err
+	}
+	m := Matrix{Date: time.Now().UTC().Format("2006-01-02"), Unrehearsable: map[string]string{}}
+	for r, why := range Unrehearsable {
+		m.Unrehearsable[string(r)] = why
+	}
+	rep, errs := c.run(ctx, profiles, true)
+	m.Report = rep
+	byName := map[string]error{}
+	for _, e := range errs {
+		for _, cs := range cases {
+			if strings.HasPrefix(e.Error(), "profile "+cs.Profile+":") {
+				byName[cs.Profile] = e
+			}
+		}
+	}
+	for i, cs := range cases {
+		row := MatrixRow{Profile: cs.Profile, Expected: cs.Expected, Verdict: "FAIL"}
+		for _, b := range cs.Breaks {
+			row.Breaks = append(row.Breaks, string(b))
+		}
+		if e := byName[cs.Profile]; e != nil {
+			row.Error = e.Error()
+		}
+		if i < len(rep.Profiles) {
+			obs, shown := cs.observe(rep.Profiles[i])
+			row.Observed = obs
+			ok := shown
+			if cs.Profile == ProfileProd {
+				ok = !shown && row.Error == "" && len(rep.Profiles[i].CrossCheck) == 0
+			}
+			if ok {
+				row.Verdict = "pass"
+			}
+		} else {
+			row.Observed = "not run"
+		}
+		m.Rows = append(m.Rows, row)
+	}
+	if ctx.Err() != nil {
+		return m, ctx.Err()
+	}
+	return m, nil
+}
+
+// WriteTable writes m as a table, a row per profile, then why the other
+// relations are not rehearsed.
+func (m Matrix) WriteTable(w io.Writer) error {
+	var b strings.Builder
+	fmt.Fprintf(&b, "Invariant matrix, %s: %d servers, %d deploys per profile, up to %d requests/s, every duration × %g, %s.\n",
+		m.Date, m.Report.Servers, m.Report.Deploys, m.Report.Rate, m.Report.Scale, m.Report.Balancer)
+	tw := tabwriter.NewWriter(&b, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "profile\trelation broken\tsymptom expected\tsymptom observed\tverdict")
+	for _, r := range m.Rows {
+		breaks := strings.Join(r.Breaks, ", ")
+		if breaks == "" {
+			breaks = "none"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", r.Profile, breaks, r.Expected, r.Observed, r.Verdict)
+	}
+	if err := tw.Flush(); err != nil {
+		return fmt.Errorf("write matrix: %w", err)
+	}
+	for _, r := range m.Rows {
+		if r.Error != "" {
+			fmt.Fprintf(&b, "  %s stopped: %s\n", r.Profile, firstLine(r.Error))
+		}
+	}
+	fmt.Fprintln(&b, "Not rehearsed:")
+	for _, r := range sortedRules(m.Unrehearsable) {
+		fmt.Fprintf(&b, "  %s: %s\n", r, m.Unrehearsable[r])
+	}
+	if _, err := io.WriteString(w, b.String()); err != nil {
+		return fmt.Errorf("write matrix: %w", err)
+	}
+	return nil
+}
+
+// WriteJSON writes m as indented JSON.
+func (m Matrix) WriteJSON(w io.Writer) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	if err := enc.Encode(m); err != nil {
+		return fmt.Errorf("write matrix: %w", err)
+	}
+	return nil
+}
+
+func firstLine(s string) string {
+	l, _, _ := strings.Cut(s, "\n")
+	return l
+}
+
+func sortedRules(m map[string]string) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	return keys
+}
