@@ -102,11 +102,13 @@ func TestVerdictWithoutSplit(t *testing.T) {
 	new.HealthyThreshold++
 	new.WatchdogStrikes++
 	new.LBIdleTimeout, new.AppKeepAlive = 30*time.Second, 40*time.Second
+	// The longest request must stay within the new idle timeout.
+	new.MaxRequest = new.LBIdleTimeout
 	v := contract.JudgeTransition(old, new)
-	require.True(t, v.Judged())
+	require.True(t, v.Judged(), v.NotJudged)
 	require.Equal(t, infra.NoSafeOrder, v.Transition.Order, v.Reason())
 	assert.Nil(t, v.Split)
-	assert.Contains(t, verdictText(t, v), "**No two-step split proposed:** 17 fields changed at once")
+	assert.Contains(t, verdictText(t, v), "**No two-step split proposed:** 18 fields changed at once")
 }
 
 // TestDiffEndsWithTheVerdict: the diff prints the rollout order under
