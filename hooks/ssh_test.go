@@ -6,15 +6,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
-	"net"
 	"os"
 	"os/exec"
-	"os/user"
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -22,6 +18,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/mythex/infra/hooks/sshd"
 	"github.com/mythex/infra/infra"
 )
 
@@ -38,108 +35,14 @@ import (
 // A server's own settings (MYTHEX_ROOT, MYTHEX_PROJECT, MYTHEX_SYSTEMD_DIR,
 // MYTHEX_BIND) reach its session through ssh's SetEnv and sshd's AcceptEnv.
 
-const sshdInstall = "apt-get install openssh-server"
-
-// sshd is one sshd on loopback, reached through a relay.
-type sshd struct {
-	dir, user  string
-	hostPub    []byte // the host key's public half, as known_hosts holds it
-	userKey    string
-	relay      *relay
-	stderr     *bytes.Buffer
-	configFile string
-}
-
-// lookSSH finds the OpenSSH commands, failing at once with the install
-// command when one is missing.
-func lookSSH(t *testing.T) (sshdPath string) {
+// startSSHD starts sshd for the test, failing at once when it is missing.
+func startSSHD(t *testing.T) *sshd.Server {
 	t.Helper()
-	sshdPath, err := exec.LookPath("sshd")
-	if err != nil {
-		sshdPath = "/usr/sbin/sshd" // not on a non-root PATH
-		_, err = os.Stat(sshdPath)
-	}
-	require.NoError(t, err, "these tests need OpenSSH's server: %s", sshdInstall)
-	for _, c := range []string{"ssh", "ssh-keygen"} {
-		_, err := exec.LookPath(c)
-		require.NoError(t, err, "these tests need OpenSSH's client: apt-get install openssh-client")
-	}
-	return sshdPath
-}
-
-func keygen(t *testing.T, path string) []byte {
-	t.Helper()
-	out, err := exec.Command("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "", "-f", path).CombinedOutput()
-	require.NoError(t, err, "ssh-keygen: %s", out)
-	pub, err := os.ReadFile(path + ".pub")
+	_, err := sshd.Find()
+	require.NoError(t, err, "these tests need OpenSSH")
+	s, err := sshd.Start(t.TempDir(), time.Minute)
 	require.NoError(t, err)
-	return bytes.TrimSpace(pub)
-}
-
-// startSSHD starts sshd on a free loopback port with a throwaway host key,
-// accepting one throwaway user key, and a relay in front of it.
-func startSSHD(t *testing.T) *sshd {
-	t.Helper()
-	sshdPath := lookSSH(t)
-	u, err := user.Current()
-	require.NoError(t, err)
-	if os.Geteuid() == 0 {
-		// sshd running as root needs its privilege separation directory,
-		// which Debian's sshd.service creates (RuntimeDirectory=sshd).
-		require.NoError(t, os.MkdirAll("/run/sshd", 0o755))
-	}
-	dir := t.TempDir()
-	s := &sshd{dir: dir, user: u.Username, userKey: filepath.Join(dir, "user_key"), stderr: &bytes.Buffer{}}
-	s.hostPub = keygen(t, filepath.Join(dir, "host_key"))
-	userPub := keygen(t, s.userKey)
-	require.NoError(t, os.WriteFile(filepath.Join(dir, "authorized_keys"), append(userPub, '\n'), 0o600))
-	port := freePort(t)
-	config := fmt.Sprintf(`ListenAddress 127.0.0.1:%d
-HostKey %s
-PidFile %s
-AuthorizedKeysFile %s
-AuthenticationMethods publickey
-PasswordAuthentication no
-KbdInteractiveAuthentication no
-PermitRootLogin prohibit-password
-UsePAM no
-StrictModes no
-AcceptEnv MYTHEX_*
-LogLevel VERBOSE
-`, port, filepath.Join(dir, "host_key"), filepath.Join(dir, "sshd.pid"), filepath.Join(dir, "authorized_keys"))
-	s.configFile = filepath.Join(dir, "sshd_config")
-	require.NoError(t, os.WriteFile(s.configFile, []byte(config), 0o600))
-
-	cmd := exec.Command(sshdPath, "-D", "-e", "-f", s.configFile)
-	stderr, err := cmd.StderrPipe()
-	require.NoError(t, err)
-	require.NoError(t, cmd.Start())
-	t.Cleanup(func() {
-		_ = cmd.Process.Signal(syscall.SIGTERM)
-		_ = cmd.Wait()
-	})
-	// Ready once it says it listens; everything it says is kept for failures.
-	ready := make(chan struct{})
-	var once sync.Once
-	var mu sync.Mutex
-	go func() {
-		sc := bufio.NewScanner(stderr)
-		for sc.Scan() {
-			mu.Lock()
-			s.stderr.WriteString(sc.Text() + "\n")
-			mu.Unlock()
-			if strings.Contains(sc.Text(), "Server listening on 127.0.0.1 port "+strconv.Itoa(port)) {
-				once.Do(func() { close(ready) })
-			}
-		}
-		once.Do(func() { close(ready) })
-	}()
-	<-ready
-	mu.Lock()
-	log := s.stderr.String()
-	mu.Unlock()
-	require.Contains(t, log, "Server listening", "sshd did not start:\n%s", log)
-	s.relay = startRelay(t, "127.0.0.1:"+strconv.Itoa(port))
+	t.Cleanup(s.Stop)
 	return s
 }
 
@@ -150,86 +53,20 @@ type simServer struct {
 	Server
 }
 
-// clientConfig writes the ssh configuration the rollout is given: one Host
-// entry per server, reached through the relay, its host key checked against
-// knownHosts. extra goes into every entry.
-func (s *sshd) clientConfig(t *testing.T, knownHosts []byte, extra string, servers ...simServer) string {
+func (s simServer) host() sshd.Host {
+	return sshd.Host{Name: s.name, Root: s.Root, Project: s.Project, Bind: s.Bind}
+}
+
+// clientConfig writes the ssh configuration the rollout is given.
+func clientConfig(t *testing.T, d *sshd.Server, knownHosts []byte, extra string, servers ...simServer) string {
 	t.Helper()
-	dir := t.TempDir()
-	kh := filepath.Join(dir, "known_hosts")
-	require.NoError(t, os.WriteFile(kh, knownHosts, 0o600))
-	var b strings.Builder
-	for _, srv := range servers {
-		fmt.Fprintf(&b, `Host %s
-  HostName 127.0.0.1
-  Port %d
-  User %s
-  IdentityFile %s
-  IdentitiesOnly yes
-  UserKnownHostsFile %s
-  GlobalKnownHostsFile /dev/null
-  HostKeyAlias mythex-test-sshd
-  LogLevel ERROR
-  SetEnv MYTHEX_ROOT=%s MYTHEX_PROJECT=%s MYTHEX_SYSTEMD_DIR=%s MYTHEX_BIND=%s
-%s
-`, srv.name, s.relay.port, s.user, s.userKey, kh, srv.Root, srv.Project, filepath.Join(srv.Root, "systemd"), srv.Bind, extra)
+	var hosts []sshd.Host
+	for _, s := range servers {
+		hosts = append(hosts, s.host())
 	}
-	path := filepath.Join(dir, "ssh_config")
-	require.NoError(t, os.WriteFile(path, []byte(b.String()), 0o600))
-	return path
-}
-
-// knownHosts is the known_hosts line of s's host key.
-func (s *sshd) knownHosts() []byte {
-	return append([]byte("mythex-test-sshd "), append(s.hostPub, '\n')...)
-}
-
-// relay forwards loopback connections to sshd and can cut them all, as a
-// network that drops the connection.
-type relay struct {
-	port  int
-	mu    sync.Mutex
-	conns []net.Conn
-}
-
-func startRelay(t *testing.T, target string) *relay {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	path, err := d.WriteClientConfig(t.TempDir(), knownHosts, extra, hosts...)
 	require.NoError(t, err)
-	r := &relay{port: l.Addr().(*net.TCPAddr).Port}
-	t.Cleanup(func() {
-		_ = l.Close()
-		r.cut()
-	})
-	go func() {
-		for {
-			in, err := l.Accept()
-			if err != nil {
-				return
-			}
-			out, err := net.Dial("tcp", target)
-			if err != nil {
-				_ = in.Close()
-				continue
-			}
-			r.mu.Lock()
-			r.conns = append(r.conns, in, out)
-			r.mu.Unlock()
-			go func() { _, _ = io.Copy(out, in); _ = out.Close() }()
-			go func() { _, _ = io.Copy(in, out); _ = in.Close() }()
-		}
-	}()
-	return r
-}
-
-// cut drops every connection through the relay.
-func (r *relay) cut() {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	for _, c := range r.conns {
-		_ = c.Close()
-	}
-	r.conns = nil
+	return path
 }
 
 // releaseHooks is a copy of hooks/ whose generated files are rendered from
@@ -360,29 +197,20 @@ func requireAt(t *testing.T, s simServer, version string) {
 	}
 }
 
-// checkSessionEnv makes sure a server's settings reach its ssh session
-// before anything runs there with production's defaults.
-func checkSessionEnv(t *testing.T, config string, s simServer) {
-	t.Helper()
-	out, err := exec.Command("ssh", "-F", config, "-o", "BatchMode=yes", "--", s.name, "printenv MYTHEX_ROOT").CombinedOutput()
-	require.NoError(t, err, "ssh %s: %s", s.name, out)
-	require.Equal(t, s.Root, strings.TrimSpace(string(out)), "MYTHEX_ROOT must reach the session (SetEnv/AcceptEnv)")
-}
-
 func TestRolloutOverSSH(t *testing.T) {
 	tag := images(t)
-	sshd := startSSHD(t)
+	ssh := startSSHD(t)
 	tm := infra.Prod().Scaled(0.2)
 	hooksDir := releaseHooks(t, tm)
 	releases := filepath.Join(t.TempDir(), "releases")
 	s1, s2 := newSimServer(t, 1), newSimServer(t, 2)
-	config := sshd.clientConfig(t, sshd.knownHosts(), "", s1, s2)
-	checkSessionEnv(t, config, s1)
+	config := clientConfig(t, ssh, ssh.KnownHosts(), "", s1, s2)
+	require.NoError(t, sshd.CheckSession(config, s1.host()))
 	ro := sshRollout{hooks: hooksDir, config: config, releases: releases, appPort: freePort(t)}
 
 	t.Run("success", func(t *testing.T) {
 		res := ro.run(t, tag, s1, s2)
-		require.Equal(t, 0, res.code, "%s\nsshd:\n%s", res, sshd.stderr)
+		require.Equal(t, 0, res.code, "%s\nsshd:\n%s", res, ssh.Log())
 		for _, s := range []simServer{s1, s2} {
 			assert.Contains(t, res.stdout, "installed hooks into "+s.Root+"/hooks", "bootstrap ran on %s", s.name)
 			requireAt(t, s, tag)
@@ -411,7 +239,7 @@ func TestRolloutOverSSH(t *testing.T) {
 		missing := "nosuchtag-" + randomHex(3)
 		s3, s4 := newSimServer(t, 3), newSimServer(t, 4)
 		ro := ro
-		ro.config = sshd.clientConfig(t, sshd.knownHosts(), "", s3, s4)
+		ro.config = clientConfig(t, ssh, ssh.KnownHosts(), "", s3, s4)
 		res := ro.run(t, missing, s3, s4)
 		assert.Equal(t, 1, res.code, "%s", res)
 		assert.Contains(t, res.stdout, "cannot pull "+ImageName(DefaultImagePrefix, Roles[0], missing))
@@ -428,7 +256,7 @@ func TestRolloutOverSSH(t *testing.T) {
 		s5 := newSimServer(t, 5)
 		ro := ro
 		ro.hooks = releaseHooks(t, short)
-		ro.config = sshd.clientConfig(t, sshd.knownHosts(), "", s5)
+		ro.config = clientConfig(t, ssh, ssh.KnownHosts(), "", s5)
 		require.NoError(t, os.MkdirAll(s5.Root, 0o755))
 		lock, err := os.OpenFile(filepath.Join(s5.Root, "mythex.lock"), os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o600)
 		require.NoError(t, err)
@@ -442,9 +270,10 @@ func TestRolloutOverSSH(t *testing.T) {
 	})
 
 	t.Run("host key mismatch", func(t *testing.T) {
-		other := keygen(t, filepath.Join(t.TempDir(), "other_host_key"))
+		other, err := sshd.Keygen(filepath.Join(t.TempDir(), "other_host_key"))
+		require.NoError(t, err)
 		for name, kh := range map[string][]byte{
-			"changed key": append([]byte("mythex-test-sshd "), append(other, '\n')...),
+			"changed key": []byte(sshd.HostKeyAlias + " " + string(other) + "\n"),
 			// Unknown, with a configuration that would accept it: the
 			// rollout insists on a known key.
 			"unknown key": nil,
@@ -454,7 +283,7 @@ func TestRolloutOverSSH(t *testing.T) {
 				rel := filepath.Join(t.TempDir(), "releases")
 				ro := ro
 				ro.releases = rel
-				ro.config = sshd.clientConfig(t, kh, "  StrictHostKeyChecking accept-new", s6)
+				ro.config = clientConfig(t, ssh, kh, "  StrictHostKeyChecking accept-new", s6)
 				res := ro.run(t, tag, s6)
 				assert.Equal(t, 1, res.code, "%s", res)
 				assert.Contains(t, res.stderr, "Host key verification failed")
@@ -468,7 +297,7 @@ func TestRolloutOverSSH(t *testing.T) {
 	t.Run("connection dropped mid-deploy", func(t *testing.T) {
 		ro := ro
 		s7 := newSimServer(t, 7)
-		ro.config = sshd.clientConfig(t, sshd.knownHosts(), "", s7)
+		ro.config = clientConfig(t, ssh, ssh.KnownHosts(), "", s7)
 		res := ro.run(t, tag, s7)
 		require.Equal(t, 0, res.code, "%s", res)
 		v2 := "v2-" + tag
@@ -479,7 +308,7 @@ func TestRolloutOverSSH(t *testing.T) {
 		// moment a killed deploy would leave services missing.
 		ro.onLine = func(l string) {
 			if strings.Contains(l, "running container(s) with "+v2) {
-				sshd.relay.cut()
+				ssh.Relay.Cut()
 			}
 		}
 		res = ro.run(t, v2, s7)
