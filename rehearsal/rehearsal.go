@@ -42,6 +42,10 @@ type Config struct {
 	Caddy string
 	// Progress receives a line per step; nil means none.
 	Progress io.Writer
+	// SSH deploys through the rollout's own ssh_deploy to a loopback sshd
+	// and awaits re-entry with its own describe-target-health polling,
+	// answered from the balancer nodes: production's path (sshPath).
+	SSH bool
 }
 
 // Validate reports every problem with c at once.
@@ -307,7 +311,14 @@ func (c Config) runProfile(ctx context.Context, p Profile, id, dir string, img *
 		}()
 	}
 
-	ro, err := newRollout(c.RepoRoot, dir, servers, lbs, t)
+	var sp *sshPath
+	if c.SSH {
+		if sp, err = startSSHPath(c.RepoRoot, dir, release, servers, lbs, servers[0].AppPort); err != nil {
+			return pr, err
+		}
+		defer sp.close()
+	}
+	ro, err := newRollout(c.RepoRoot, dir, servers, lbs, t, sp)
 	if err != nil {
 		return pr, err
 	}
@@ -391,6 +402,9 @@ func (c Config) newServers(p Profile, id, dir, release string) ([]*server, error
 			addr: "127.0.0.1:" + strconv.Itoa(port),
 			log:  log,
 		})
+	}
+	if c.SSH {
+		sshAddresses(servers)
 	}
 	return servers, nil
 }

@@ -84,7 +84,7 @@ func TestRolloutDrivesTheRealScript(t *testing.T) {
 			}
 			short := tm
 			short.StartTimeout = 100 * time.Millisecond
-			ro, err := newRollout(repo, dir, servers, lbs, short)
+			ro, err := newRollout(repo, dir, servers, lbs, short, nil)
 			require.NoError(t, err)
 			defer ro.close()
 			for _, cmd := range []string{ro.deployCmd, ro.waitCmd} {
@@ -117,7 +117,7 @@ func TestRolloutDrivesTheRealScript(t *testing.T) {
 
 func TestControlScriptUsage(t *testing.T) {
 	dir := t.TempDir()
-	ro, err := newRollout(repoRoot(t), dir, nil, nil, infra.Prod().Scaled(0.2))
+	ro, err := newRollout(repoRoot(t), dir, nil, nil, infra.Prod().Scaled(0.2), nil)
 	require.NoError(t, err)
 	defer ro.close()
 	out, err := exec.Command(ro.deployCmd, "only-one").CombinedOutput()

@@ -53,6 +53,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs.StringVar(&c.RepoRoot, "repo", "", "repository root (default: found from the working directory)")
 	fs.StringVar(&c.Caddy, "caddy", "", "Caddy binary (default: caddy on PATH if it accepts the config, else built once)")
 	fs.BoolVar(&asJSON, "json", false, "print the report as JSON")
+	fs.BoolVar(&c.SSH, "ssh", false, "deploy through the rollout's own ssh_deploy (a loopback sshd) and await re-entry with its describe-target-health polling, answered from the balancer nodes: production's path")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
