@@ -68,10 +68,10 @@ func TestRolloutDrivesTheRealScript(t *testing.T) {
 	}{
 		{"every server", []string{"a", "b", "c"}, "", 3, nil},
 		{"a deploy fails: the rollout stops there", []string{"a", "broken", "c"}, "", 1, []string{
-			"deploy of v9 to s2 FAILED; stopping here. Not deployed: s3", "compose up failed",
+			"deploy of v9 to s2 FAILED (exit ", "; stopping here. Not deployed: s3", "compose up failed",
 		}},
 		{"a server never back: the rollout stops there", []string{"a", "b", "c"}, "127.0.0.1:2", 1, []string{
-			"s2 did not come back into service; stopping here. Not deployed: s3", "balancer lb1",
+			"s2 did not come back into service (exit ", "; stopping here. Not deployed: s3", "balancer lb1",
 		}},
 	}
 	for _, tt := range tests {
