@@ -13,6 +13,9 @@
 #                      timing.env beside the script)
 #   MYTHEX_RELEASE_DIR where deploy and bootstrap take compose.yaml and its
 #                      checksum from (default: the script's directory)
+#   MYTHEX_LOCK_HELD_FD  set by remote-deploy, which holds the server lock on
+#                      this inherited descriptor across bootstrap and deploy:
+#                      the scripts use that hold and leave releasing it to it
 #   MYTHEX_CRITICAL_SECTION_CMD  test seam: run this command while holding
 #                      the lock instead of the script's work
 
@@ -35,12 +38,14 @@ readonly EXIT_LOCKED=75
 # The keys timing.env must define; durations end in _MS.
 readonly TIMING_KEYS=(MYTHEX_LOCK_WAIT_MS MYTHEX_START_TIMEOUT_MS
   MYTHEX_STOP_GRACE_PERIOD_MS MYTHEX_CONTAINER_HEALTH_INTERVAL_MS
-  MYTHEX_CONTAINER_HEALTH_TIMEOUT_MS MYTHEX_SETTLE_MS MYTHEX_WATCHDOG_INTERVAL_MS
+  MYTHEX_CONTAINER_HEALTH_TIMEOUT_MS MYTHEX_SETTLE_MS MYTHEX_REENTRY_POLL_MS
+  MYTHEX_REENTRY_WAIT_MS MYTHEX_WATCHDOG_INTERVAL_MS
   MYTHEX_WATCHDOG_STRIKES MYTHEX_HEALTH_PATH MYTHEX_HEALTHY_STATUS
   MYTHEX_SERVICES MYTHEX_COMPOSE_VARS)
 
 TMP_FILES=()
 LOCK_FD=""
+LOCK_INHERITED=""
 COMPOSE_CMD=()
 
 err() {
@@ -128,6 +133,15 @@ prepare_dirs() {
 }
 
 open_lock() {
+  if [[ -n "${MYTHEX_LOCK_HELD_FD:-}" ]]; then
+    # flock on the holder's own open file succeeds at once; any other file
+    # would let this script run without the server lock.
+    [[ "$MYTHEX_LOCK_HELD_FD" =~ ^[0-9]+$ && "/proc/self/fd/$MYTHEX_LOCK_HELD_FD" -ef "$MYTHEX_LOCK" ]] ||
+      die "MYTHEX_LOCK_HELD_FD '$MYTHEX_LOCK_HELD_FD' is not an open descriptor of the server lock $MYTHEX_LOCK"
+    LOCK_FD="$MYTHEX_LOCK_HELD_FD"
+    LOCK_INHERITED=1
+    return 0
+  fi
   # Append mode: opening never truncates or replaces the lock file, and it is
   # never deleted, so every process locks the same inode.
   exec {LOCK_FD}>>"$MYTHEX_LOCK"
@@ -156,6 +170,8 @@ lock_try() {
 }
 
 unlock() {
+  # An inherited hold is the holder's to release.
+  [[ -z "$LOCK_INHERITED" ]] || return 0
   # Releases the lock even if a child process inherited the descriptor.
   flock -u "$LOCK_FD"
   exec {LOCK_FD}>&-

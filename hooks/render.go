@@ -85,6 +85,9 @@ func checkRenderable(t infra.Timing, breaks []infra.Rule) error {
 		{"ContainerHealthInterval", t.ContainerHealthInterval},
 		{"ContainerHealthTimeout", t.ContainerHealthTimeout},
 		{"Reentry", t.Reentry()},
+		{"HealthCheckTimeout", t.HealthCheckTimeout},
+		{"HealthCheckInterval", t.HealthCheckInterval},
+		{"NodeSkew", t.NodeSkew},
 		{"StartTimeout", t.StartTimeout},
 		{"LockWait", t.LockWait},
 		{"WatchdogInterval", t.WatchdogInterval},
@@ -204,6 +207,8 @@ func renderTimingEnv(t infra.Timing, breaks []infra.Rule) ([]byte, error) {
 		// that cannot stay up that long fails the deploy, and the wait
 		// overlaps the re-entry the rollout waits for anyway.
 		{"MYTHEX_SETTLE_MS", ms(t.Reentry())},
+		{"MYTHEX_REENTRY_POLL_MS", ms(t.ReentryPoll())},
+		{"MYTHEX_REENTRY_WAIT_MS", ms(t.ReentryWait())},
 		{"MYTHEX_WATCHDOG_INTERVAL_MS", ms(t.WatchdogInterval)},
 		{"MYTHEX_WATCHDOG_STRIKES", strconv.Itoa(t.WatchdogStrikes)},
 		{"MYTHEX_HEALTH_PATH", infra.HealthPath},

@@ -185,9 +185,9 @@ func TestRolloutOneServerAtATime(t *testing.T) {
 		{"all deploy", "", "", 0,
 			[]string{"deploy s1 v9", "wait s1", "deploy s2 v9", "wait s2", "deploy s3 v9", "wait s3"}, ""},
 		{"stops at the first failed deploy", "s2", "", 1,
-			[]string{"deploy s1 v9", "wait s1", "deploy s2 v9"}, "deploy of v9 to s2 FAILED; stopping here. Not deployed: s3"},
+			[]string{"deploy s1 v9", "wait s1", "deploy s2 v9"}, "deploy of v9 to s2 FAILED (exit 1); stopping here. Not deployed: s3"},
 		{"stops when a server does not come back", "", "s1", 1,
-			[]string{"deploy s1 v9", "wait s1"}, "s1 did not come back into service; stopping here. Not deployed: s2 s3"},
+			[]string{"deploy s1 v9", "wait s1"}, "s1 did not come back into service (exit 1); stopping here. Not deployed: s2 s3"},
 		{"last server fails", "s3", "", 1,
 			[]string{"deploy s1 v9", "wait s1", "deploy s2 v9", "wait s2", "deploy s3 v9"}, "Not deployed: none"},
 	}

@@ -223,6 +223,28 @@ func (t Timing) Reentry() time.Duration {
 	return t.HealthCheckInterval * time.Duration(t.HealthyThreshold)
 }
 
+// ReentryPoll is how often the rollout asks the balancer whether a deployed
+// server is back in service: once per health-check interval, the pace at
+// which the balancer's verdict can change at all. Asking faster learns
+// nothing new; asking slower adds the difference to every server's deploy
+// (the AWS CLI's target-in-service waiter asks every 15 s, three intervals).
+func (t Timing) ReentryPoll() time.Duration {
+	return t.HealthCheckInterval
+}
+
+// ReentryWait bounds the rollout's wait for a deployed server to be back in
+// service. The deploy returns once every container is healthy, so a sound
+// server passes the balancer's next check: the first passed check may start
+// one interval later and take its whole timeout, the rest follow one
+// interval apart (Reentry + HealthCheckTimeout). One failed check on the way
+// back is tolerated, as UnhealthyThreshold tolerates one on the way out: it
+// restarts the count (another Reentry). The slowest node applies its verdict
+// NodeSkew later, and the rollout sees it at its next poll (ReentryPoll). A
+// server not back by then is not coming back by itself.
+func (t Timing) ReentryWait() time.Duration {
+	return 2*t.Reentry() + t.HealthCheckTimeout + t.NodeSkew + t.ReentryPoll()
+}
+
 // ReentryBound is the longest Reentry may be: the drain. A server must not
 // take longer to come back than it took to leave, so a rolling deploy never
 // has more than one server out of rotation for longer than one drain, and a

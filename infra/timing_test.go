@@ -326,6 +326,9 @@ func TestDerived(t *testing.T) {
 	assert.Equal(t, 7*time.Second, tm.DrainMargin(), "30s − 23s")
 	assert.Equal(t, 28*time.Second, tm.Reentry(), "4 × 7s")
 	assert.Equal(t, 30*time.Second, tm.ReentryBound())
+	assert.Equal(t, 7*time.Second, tm.ReentryPoll(), "the health-check interval")
+	tm.NodeSkew = time.Second
+	assert.Equal(t, 66*time.Second, tm.ReentryWait(), "2 × 28s + 2s + 1s + 7s")
 	assert.Equal(t, 30*time.Second, tm.ListenerCloses())
 	assert.Equal(t, 41*time.Second, tm.ShutdownDeadline(), "30s + 11s")
 	assert.Equal(t, 9*time.Second, tm.KillSlack(), "50s − 41s")

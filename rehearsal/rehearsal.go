@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -43,6 +44,10 @@ type Config struct {
 	HAProxy string
 	// Progress receives a line per step; nil means none.
 	Progress io.Writer
+	// SSH deploys through the rollout's own ssh_deploy to a loopback sshd
+	// and awaits re-entry with its own describe-target-health polling,
+	// answered from the balancer nodes: production's path (sshPath).
+	SSH bool
 }
 
 // Validate reports every problem with c at once.
@@ -317,7 +322,14 @@ func (c Config) runProfile(ctx context.Context, p Profile, id, dir string, img *
 		}()
 	}
 
-	ro, err := newRollout(c.RepoRoot, dir, servers, lbs, t)
+	var sp *sshPath
+	if c.SSH {
+		if sp, err = startSSHPath(c.RepoRoot, dir, release, servers, lbs, servers[0].AppPort); err != nil {
+			return pr, err
+		}
+		defer sp.close()
+	}
+	ro, err := newRollout(c.RepoRoot, dir, servers, lbs, t, sp)
 	if err != nil {
 		return pr, err
 	}
@@ -411,6 +423,9 @@ func (c Config) newServers(p Profile, id, dir, release string) ([]*server, error
 			addr: "127.0.0.1:" + strconv.Itoa(port),
 			log:  log,
 		})
+	}
+	if c.SSH {
+		sshAddresses(servers)
 	}
 	return servers, nil
 }
@@ -548,11 +563,11 @@ func verify(ctx context.Context, s *server, version string, timeout time.Duratio
 		if ci.Health != "healthy" {
 			problems = append(problems, fmt.Sprintf("%s: container health %q", role, ci.Health))
 		}
-		if ci.HostPort == "" {
+		if ci.HostAddr == "" {
 			problems = append(problems, fmt.Sprintf("%s: not published on loopback", role))
 			continue
 		}
-		if pr := checkAbout(ctx, "127.0.0.1:"+ci.HostPort, role, version, timeout); pr != "" {
+		if pr := checkAbout(ctx, ci.HostAddr, role, version, timeout); pr != "" {
 			problems = append(problems, role+": "+pr)
 		}
 	}
@@ -560,11 +575,13 @@ func verify(ctx context.Context, s *server, version string, timeout time.Duratio
 }
 
 type containerInfo struct {
-	Role, Image, Health, HostPort string
+	// HostAddr is where the service is published on a loopback address
+	// (api on its server's own under -ssh, 127.0.0.N).
+	Role, Image, Health, HostAddr string
 }
 
 func inspect(ctx context.Context, id string) (containerInfo, error) {
-	const format = `{{index .Config.Labels "com.docker.compose.service"}}|{{.Config.Image}}|{{if .State.Health}}{{.State.Health.Status}}{{end}}|{{range $p, $b := .NetworkSettings.Ports}}{{range $b}}{{if eq .HostIp "127.0.0.1"}}{{.HostPort}}{{end}}{{end}}{{end}}`
+	const format = `{{index .Config.Labels "com.docker.compose.service"}}|{{.Config.Image}}|{{if .State.Health}}{{.State.Health.Status}}{{end}}|{{range $p, $b := .NetworkSettings.Ports}}{{range $b}}{{.HostIp}}:{{.HostPort}} {{end}}{{end}}`
 	out, err := exec.CommandContext(ctx, "docker", "inspect", "--format", format, id).Output()
 	if err != nil {
 		return containerInfo{}, fmt.Errorf("docker inspect %s: %w", id, err)
@@ -573,7 +590,14 @@ func inspect(ctx context.Context, id string) (containerInfo, error) {
 	if len(f) != 4 {
 		return containerInfo{}, fmt.Errorf("docker inspect %s: unexpected %q", id, out)
 	}
-	return containerInfo{Role: f[0], Image: f[1], Health: f[2], HostPort: f[3]}, nil
+	ci := containerInfo{Role: f[0], Image: f[1], Health: f[2]}
+	for _, addr := range strings.Fields(f[3]) {
+		if host, _, err := net.SplitHostPort(addr); err == nil && net.ParseIP(host).IsLoopback() {
+			ci.HostAddr = addr
+			break
+		}
+	}
+	return ci, nil
 }
 
 // checkAbout asks a service directly (not through a balancer) who it is,

@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -39,6 +40,10 @@ type rollout struct {
 	waitCmd   string
 	log       *os.File
 	srv       *http.Server
+	// ssh, when set, replaces both seams by production's path.
+	ssh *sshPath
+	// version is the one being rolled out.
+	version string
 
 	mu    sync.Mutex
 	start map[string]time.Time
@@ -48,7 +53,7 @@ type rollout struct {
 
 // newRollout starts the control endpoint and writes the two commands into
 // dir.
-func newRollout(repo, dir string, servers []*server, lbs []*Balancer, t infra.Timing) (*rollout, error) {
+func newRollout(repo, dir string, servers []*server, lbs []*Balancer, t infra.Timing, sp *sshPath) (*rollout, error) {
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return nil, fmt.Errorf("rollout control endpoint: %w", err)
@@ -66,6 +71,10 @@ func newRollout(repo, dir string, servers []*server, lbs []*Balancer, t infra.Ti
 		deployCmd: filepath.Join(dir, "deploy-server"),
 		waitCmd:   filepath.Join(dir, "wait-in-service"),
 		log:       log,
+		ssh:       sp,
+	}
+	if sp != nil {
+		r.script = filepath.Join(sp.ship, "rollout")
 	}
 	control := "http://" + l.Addr().String()
 	for _, c := range []struct{ path, doc, usage, route, args string }{
@@ -177,6 +186,7 @@ func (r *rollout) handleInService(w http.ResponseWriter, req *http.Request) {
 func (r *rollout) run(ctx context.Context, version string) (hook, total []float64, err error) {
 	r.mu.Lock()
 	r.start, r.hook, r.total = map[string]time.Time{}, map[string]float64{}, map[string]float64{}
+	r.version = version
 	r.mu.Unlock()
 	args := []string{version}
 	for _, s := range r.servers {
@@ -189,6 +199,10 @@ func (r *rollout) run(ctx context.Context, version string) (hook, total []float6
 		"MYTHEX_WAIT_IN_SERVICE="+r.waitCmd,
 	)
 	cmd.Stdout = io.MultiWriter(r.log, out)
+	if r.ssh != nil {
+		cmd.Env = append(environWithout("MYTHEX_", "PATH"), r.ssh.env...)
+		cmd.Stdout = io.MultiWriter(r.log, out, &lineClock{r: r})
+	}
 	cmd.Stderr = cmd.Stdout
 	runErr := cmd.Run()
 	r.mu.Lock()
@@ -212,10 +226,11 @@ func (r *rollout) run(ctx context.Context, version string) (hook, total []float6
 
 // environWithout is the environment minus every variable starting with
 // prefix, so the caller's settings never leak into a simulated server's.
-func environWithout(prefix string) []string {
+func environWithout(prefix string, names ...string) []string {
 	var env []string
 	for _, kv := range os.Environ() {
-		if !strings.HasPrefix(kv, prefix) {
+		name, _, _ := strings.Cut(kv, "=")
+		if !strings.HasPrefix(kv, prefix) && !slices.Contains(names, name) {
 			env = append(env, kv)
 		}
 	}

@@ -68,10 +68,10 @@ func TestRolloutDrivesTheRealScript(t *testing.T) {
 	}{
 		{"every server", []string{"a", "b", "c"}, "", 3, nil},
 		{"a deploy fails: the rollout stops there", []string{"a", "broken", "c"}, "", 1, []string{
-			"deploy of v9 to s2 FAILED; stopping here. Not deployed: s3", "compose up failed",
+			"deploy of v9 to s2 FAILED (exit ", "; stopping here. Not deployed: s3", "compose up failed",
 		}},
 		{"a server never back: the rollout stops there", []string{"a", "b", "c"}, "127.0.0.1:2", 1, []string{
-			"s2 did not come back into service; stopping here. Not deployed: s3", "balancer lb1",
+			"s2 did not come back into service (exit ", "; stopping here. Not deployed: s3", "balancer lb1",
 		}},
 	}
 	for _, tt := range tests {
@@ -84,7 +84,7 @@ func TestRolloutDrivesTheRealScript(t *testing.T) {
 			}
 			short := tm
 			short.StartTimeout = 100 * time.Millisecond
-			ro, err := newRollout(repo, dir, servers, lbs, short)
+			ro, err := newRollout(repo, dir, servers, lbs, short, nil)
 			require.NoError(t, err)
 			defer ro.close()
 			for _, cmd := range []string{ro.deployCmd, ro.waitCmd} {
@@ -117,7 +117,7 @@ func TestRolloutDrivesTheRealScript(t *testing.T) {
 
 func TestControlScriptUsage(t *testing.T) {
 	dir := t.TempDir()
-	ro, err := newRollout(repoRoot(t), dir, nil, nil, infra.Prod().Scaled(0.2))
+	ro, err := newRollout(repoRoot(t), dir, nil, nil, infra.Prod().Scaled(0.2), nil)
 	require.NoError(t, err)
 	defer ro.close()
 	out, err := exec.Command(ro.deployCmd, "only-one").CombinedOutput()

@@ -57,6 +57,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs.StringVar(&c.HAProxy, "haproxy", "", "HAProxy binary (default: haproxy on PATH; "+rehearsal.HAProxyInstall+")")
 	fs.BoolVar(&asJSON, "json", false, "print the report as JSON")
 	fs.BoolVar(&matrix, "matrix", false, "run the invariant matrix instead of -profiles: prod and one profile per breakable relation, each judged on its symptom")
+	fs.BoolVar(&c.SSH, "ssh", false, "deploy through the rollout's own ssh_deploy (a loopback sshd) and await re-entry with its describe-target-health polling, answered from the balancer nodes: production's path")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}

@@ -1,0 +1,334 @@
+package hooks
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/mythex/infra/hooks/sshd"
+	"github.com/mythex/infra/infra"
+)
+
+// These tests run hooks/rollout with its default deploy command, ssh_deploy,
+// against Debian's sshd on loopback: real ssh, real tar, real remote-deploy,
+// bootstrap and deploy on a real Docker engine. Each simulated server is a
+// Host entry of an ssh configuration (what production has for each instance
+// id), all served by one sshd through a TCP relay the tests can cut.
+//
+// Production's defaults stay as they are; the tests change them through the
+// rollout's named settings only: MYTHEX_SSH_CONFIG (the test's Host
+// entries), MYTHEX_REMOTE_RELEASES (a temporary directory) and
+// MYTHEX_REMOTE_SUDO (empty: the ssh user, root here, runs the commands).
+// A server's own settings (MYTHEX_ROOT, MYTHEX_PROJECT, MYTHEX_SYSTEMD_DIR,
+// MYTHEX_BIND) reach its session through ssh's SetEnv and sshd's AcceptEnv.
+
+// startSSHD starts sshd for the test, failing at once when it is missing.
+func startSSHD(t *testing.T) *sshd.Server {
+	t.Helper()
+	_, err := sshd.Find()
+	require.NoError(t, err, "these tests need OpenSSH")
+	s, err := sshd.Start(t.TempDir(), time.Minute)
+	require.NoError(t, err)
+	t.Cleanup(s.Stop)
+	return s
+}
+
+// simServer is one server as the rollout sees it: an ssh Host entry, with
+// its own root and compose project on this machine.
+type simServer struct {
+	name string
+	Server
+}
+
+func (s simServer) host() sshd.Host {
+	return sshd.Host{Name: s.name, Root: s.Root, Project: s.Project, Bind: s.Bind}
+}
+
+// clientConfig writes the ssh configuration the rollout is given.
+func clientConfig(t *testing.T, d *sshd.Server, knownHosts []byte, extra string, servers ...simServer) string {
+	t.Helper()
+	var hosts []sshd.Host
+	for _, s := range servers {
+		hosts = append(hosts, s.host())
+	}
+	path, err := d.WriteClientConfig(t.TempDir(), knownHosts, extra, hosts...)
+	require.NoError(t, err)
+	return path
+}
+
+// releaseHooks is a copy of hooks/ whose generated files are rendered from
+// tm, owned by someone else (uid 4242, when the tests run as root) and
+// writable by all: what the rollout ships must be root's anyway.
+func releaseHooks(t *testing.T, tm infra.Timing) string {
+	t.Helper()
+	dir := t.TempDir()
+	for _, name := range []string{"rollout", "remote-deploy", "deploy", "bootstrap", "watchdog", "lib.sh", "mythex-watchdog.service"} {
+		data := mustRead(t, name)
+		require.NoError(t, os.WriteFile(filepath.Join(dir, name), data, 0o755))
+	}
+	files, err := Generated(tm)
+	require.NoError(t, err)
+	for name, data := range files {
+		require.NoError(t, os.WriteFile(filepath.Join(dir, name), data, 0o644))
+	}
+	entries, err := os.ReadDir(dir)
+	require.NoError(t, err)
+	for _, e := range entries {
+		p := filepath.Join(dir, e.Name())
+		fi, err := os.Stat(p)
+		require.NoError(t, err)
+		require.NoError(t, os.Chmod(p, fi.Mode().Perm()|0o022))
+		if os.Geteuid() == 0 {
+			require.NoError(t, os.Chown(p, foreignUID, foreignUID))
+		}
+	}
+	return dir
+}
+
+const foreignUID = 4242
+
+// newSimServer makes server sN. Each publishes api on its own loopback
+// address (127.0.0.N), so one rollout gives every server the same app
+// port, as production does.
+func newSimServer(t *testing.T, n int) simServer {
+	t.Helper()
+	name := "s" + strconv.Itoa(n)
+	root := filepath.Join(t.TempDir(), name)
+	s := simServer{name: name, Server: Server{Root: root, Project: "hookssh" + randomHex(4), Bind: "127.0.0." + strconv.Itoa(n)}}
+	t.Cleanup(func() {
+		if err := s.Remove(context.Background()); err != nil {
+			t.Errorf("clean up %s: %v", s.Project, err)
+		}
+	})
+	return s
+}
+
+// sshRollout is one run of the rollout with its default deploy command.
+type sshRollout struct {
+	hooks, config, releases string
+	appPort                 int
+	// onLine sees each line the rollout prints, as it prints it.
+	onLine func(string)
+}
+
+func (r sshRollout) run(t *testing.T, version string, servers ...simServer) result {
+	t.Helper()
+	args := []string{version}
+	for _, s := range servers {
+		args = append(args, s.name)
+	}
+	cmd := exec.Command(filepath.Join(r.hooks, "rollout"), args...)
+	cmd.Env = append(environWithout("MYTHEX_"),
+		"MYTHEX_SSH_CONFIG="+r.config,
+		"MYTHEX_REMOTE_RELEASES="+r.releases,
+		"MYTHEX_REMOTE_SUDO=",
+		"MYTHEX_APP_PORT="+strconv.Itoa(r.appPort),
+		"MYTHEX_WAIT_IN_SERVICE=true", // the wait has tests of its own
+	)
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.StdoutPipe()
+	require.NoError(t, err)
+	require.NoError(t, cmd.Start())
+	var stdout strings.Builder
+	sc := bufio.NewScanner(out)
+	for sc.Scan() {
+		stdout.WriteString(sc.Text() + "\n")
+		if r.onLine != nil {
+			r.onLine(sc.Text())
+		}
+	}
+	err = cmd.Wait()
+	var exit *exec.ExitError
+	if err != nil && !errors.As(err, &exit) {
+		require.NoError(t, err)
+	}
+	return result{code: cmd.ProcessState.ExitCode(), stdout: stdout.String(), stderr: stderr.String()}
+}
+
+// serverState is what a server is left with: the version its state names
+// and, per service, its containers' image and health.
+func serverState(t *testing.T, s simServer) (deployed string, services map[string]string) {
+	t.Helper()
+	if b, err := os.ReadFile(filepath.Join(s.Root, "state", "deployed.env")); err == nil {
+		for _, l := range lines(string(b)) {
+			if v, ok := strings.CutPrefix(l, EnvVersion+"="); ok {
+				deployed = v
+			}
+		}
+	}
+	services = map[string]string{}
+	out, err := exec.Command("docker", "ps", "-a", "--filter", "label=com.docker.compose.project="+s.Project,
+		"--format", `{{.Label "com.docker.compose.service"}} {{.Image}} {{.Status}}`).Output()
+	require.NoError(t, err)
+	for _, l := range lines(string(out)) {
+		svc, rest, _ := strings.Cut(l, " ")
+		if services[svc] != "" {
+			services[svc] += "; "
+		}
+		services[svc] += rest
+	}
+	return deployed, services
+}
+
+// requireAt asserts the server runs version, every service one healthy
+// container of it.
+func requireAt(t *testing.T, s simServer, version string) {
+	t.Helper()
+	deployed, services := serverState(t, s)
+	assert.Equal(t, version, deployed, "%s: state/deployed.env", s.name)
+	for _, role := range Roles {
+		got := services[role]
+		assert.True(t, strings.HasPrefix(got, ImageName(DefaultImagePrefix, role, version)+" Up") && strings.HasSuffix(got, "(healthy)"),
+			"%s: %s runs %q, want one healthy %s", s.name, role, got, ImageName(DefaultImagePrefix, role, version))
+	}
+}
+
+func TestRolloutOverSSH(t *testing.T) {
+	tag := images(t)
+	ssh := startSSHD(t)
+	tm := infra.Prod().Scaled(0.2)
+	hooksDir := releaseHooks(t, tm)
+	releases := filepath.Join(t.TempDir(), "releases")
+	s1, s2 := newSimServer(t, 1), newSimServer(t, 2)
+	config := clientConfig(t, ssh, ssh.KnownHosts(), "", s1, s2)
+	require.NoError(t, sshd.CheckSession(config, s1.host()))
+	ro := sshRollout{hooks: hooksDir, config: config, releases: releases, appPort: freePort(t)}
+
+	t.Run("success", func(t *testing.T) {
+		res := ro.run(t, tag, s1, s2)
+		require.Equal(t, 0, res.code, "%s\nsshd:\n%s", res, ssh.Log())
+		for _, s := range []simServer{s1, s2} {
+			assert.Contains(t, res.stdout, "installed hooks into "+s.Root+"/hooks", "bootstrap ran on %s", s.name)
+			requireAt(t, s, tag)
+		}
+		assert.Equal(t, 2, strings.Count(res.stdout, "deployed "+tag+" in"), "each server's log streams back:\n%s", res.stdout)
+		assert.Less(t, strings.Index(res.stdout, "installed hooks into "+s1.Root), strings.Index(res.stdout, "[2/2] deploying "+tag+" to s2"),
+			"one server at a time")
+		assert.Contains(t, res.stdout, "deployed "+tag+" to all 2 server(s): s1 s2")
+		// The release on the server is root's, with no group or other
+		// write, whoever owned the files that were shipped.
+		entries, err := os.ReadDir(filepath.Join(releases, tag))
+		require.NoError(t, err)
+		require.NotEmpty(t, entries)
+		for _, e := range entries {
+			fi, err := os.Stat(filepath.Join(releases, tag, e.Name()))
+			require.NoError(t, err)
+			st := fi.Sys().(*syscall.Stat_t)
+			assert.Equal(t, uint32(os.Geteuid()), st.Uid, "%s owner", e.Name())
+			assert.Zero(t, fi.Mode().Perm()&0o022, "%s mode %v", e.Name(), fi.Mode().Perm())
+		}
+	})
+
+	t.Run("failed deploy", func(t *testing.T) {
+		// No image has this tag and none can be pulled: deploy exits 1 on
+		// the server, and ssh carries it back.
+		missing := "nosuchtag-" + randomHex(3)
+		s3, s4 := newSimServer(t, 3), newSimServer(t, 4)
+		ro := ro
+		ro.config = clientConfig(t, ssh, ssh.KnownHosts(), "", s3, s4)
+		res := ro.run(t, missing, s3, s4)
+		assert.Equal(t, 1, res.code, "%s", res)
+		assert.Contains(t, res.stdout, "cannot pull "+ImageName(DefaultImagePrefix, Roles[0], missing))
+		assert.Contains(t, res.stderr, "deploy of "+missing+" to s3 FAILED (exit 1); stopping here. Not deployed: s4")
+		assert.Contains(t, res.stderr, "ended with exit status 1")
+		assert.NoDirExists(t, s4.Root, "s4 never touched")
+	})
+
+	t.Run("exit status through ssh", func(t *testing.T) {
+		// The server's lock is held (a watchdog restart, say) past the lock
+		// wait: deploy's 75 comes back as 75. A short timing keeps the wait
+		// short; compose still gets whole seconds.
+		short := infra.Prod().Scaled(0.1)
+		s5 := newSimServer(t, 5)
+		ro := ro
+		ro.hooks = releaseHooks(t, short)
+		ro.config = clientConfig(t, ssh, ssh.KnownHosts(), "", s5)
+		require.NoError(t, os.MkdirAll(s5.Root, 0o755))
+		lock, err := os.OpenFile(filepath.Join(s5.Root, "mythex.lock"), os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o600)
+		require.NoError(t, err)
+		defer lock.Close()
+		require.NoError(t, syscall.Flock(int(lock.Fd()), syscall.LOCK_EX))
+		res := ro.run(t, tag, s5)
+		assert.Equal(t, 1, res.code, "%s", res)
+		assert.Contains(t, res.stdout, "gave up after "+seconds(short.LockWait)+"s waiting for the server lock")
+		assert.Contains(t, res.stderr, "deploy of "+tag+" to s5 FAILED (exit 75)")
+		assert.NoDirExists(t, filepath.Join(s5.Root, "hooks"), "bootstrap never ran without the lock")
+	})
+
+	t.Run("host key mismatch", func(t *testing.T) {
+		other, err := sshd.Keygen(filepath.Join(t.TempDir(), "other_host_key"))
+		require.NoError(t, err)
+		for name, kh := range map[string][]byte{
+			"changed key": []byte(sshd.HostKeyAlias + " " + string(other) + "\n"),
+			// Unknown, with a configuration that would accept it: the
+			// rollout insists on a known key.
+			"unknown key": nil,
+		} {
+			t.Run(name, func(t *testing.T) {
+				s6 := newSimServer(t, 6)
+				rel := filepath.Join(t.TempDir(), "releases")
+				ro := ro
+				ro.releases = rel
+				ro.config = clientConfig(t, ssh, kh, "  StrictHostKeyChecking accept-new", s6)
+				res := ro.run(t, tag, s6)
+				assert.Equal(t, 1, res.code, "%s", res)
+				assert.Contains(t, res.stderr, "Host key verification failed")
+				assert.Contains(t, res.stderr, "ssh to s6 failed or the connection dropped (exit 255)")
+				assert.NoDirExists(t, rel, "nothing shipped")
+				assert.NoDirExists(t, s6.Root, "nothing run")
+			})
+		}
+	})
+
+	t.Run("connection dropped mid-deploy", func(t *testing.T) {
+		ro := ro
+		s7 := newSimServer(t, 7)
+		ro.config = clientConfig(t, ssh, ssh.KnownHosts(), "", s7)
+		res := ro.run(t, tag, s7)
+		require.Equal(t, 0, res.code, "%s", res)
+		v2 := "v2-" + tag
+		for _, role := range Roles {
+			tagImage(t, ImageName(DefaultImagePrefix, role, tag), ImageName(DefaultImagePrefix, role, v2))
+		}
+		// Cut the connection once deploy is replacing the containers: the
+		// moment a killed deploy would leave services missing.
+		ro.onLine = func(l string) {
+			if strings.Contains(l, "running container(s) with "+v2) {
+				ssh.Relay.Cut()
+			}
+		}
+		res = ro.run(t, v2, s7)
+		assert.Equal(t, 1, res.code, "%s", res)
+		assert.Contains(t, res.stderr, "ssh to s7 failed or the connection dropped (exit 255)")
+		assert.NotContains(t, res.stdout, "deployed "+v2+" in", "the rollout saw the connection drop before the end")
+		// The deploy goes on without its caller; once it lets go of the
+		// server lock, the server is at the new release, verified.
+		out, err := exec.Command("flock", "-w", seconds(tm.ServerDeployMax()), filepath.Join(s7.Root, "mythex.lock"), "true").CombinedOutput()
+		require.NoError(t, err, "the server lock stayed held: %s", out)
+		requireAt(t, s7, v2)
+		logs, err := filepath.Glob(filepath.Join(ro.releases, v2, "remote-deploy.*.log"))
+		require.NoError(t, err)
+		require.Len(t, logs, 1)
+		assert.Contains(t, string(mustRead(t, logs[0])), "deployed "+v2+" in", "the server's log says how it ended")
+	})
+}
+
+// seconds writes d as the fractional seconds flock and the scripts print.
+func seconds(d time.Duration) string {
+	ms := d.Milliseconds()
+	return fmt.Sprintf("%d.%03d", ms/1000, ms%1000)
+}
