@@ -38,7 +38,11 @@ const (
 	// Docker kills before the 15 s drain is over.
 	brokenStopGrace = 10 * time.Second
 	// The app closes idle connections long before the balancer's 60 s:
-	// every few requests race a close.
+	// every few requests race a close. The app's request deadlines follow
+	// its keep-alive (Timing.RequestDeadline), so a keep-alive this short
+	// also breaks deadline-covers-shutdown; one just above ShutdownTimeout
+	// would break keepalive-outlasts-idle alone but close too few idle
+	// connections for the race to show in a short run.
 	brokenKeepAlive = time.Second
 )
 
@@ -67,8 +71,8 @@ func MatrixCases() []Case {
 		},
 		{
 			Profile:  "short-keepalive",
-			Breaks:   []infra.Rule{infra.RuleKeepAlive},
-			Expected: "502s on reused connections: the app closes a connection the balancer reuses (termination SH)",
+			Breaks:   []infra.Rule{infra.RuleKeepAlive, infra.RuleDeadlineCoversCut},
+			Expected: "502s on reused connections: the app closes a connection the balancer reuses (termination SH); requests longer than the keep-alive are cut too (SH)",
 			timing: func() infra.Timing {
 				t := infra.Prod()
 				t.AppKeepAlive = brokenKeepAlive
@@ -112,6 +116,8 @@ var Unrehearsable = map[infra.Rule]string{
 	infra.RuleLockOutlasts:      "needs a watchdog restart holding the lock when a deploy starts; the rehearsal's watchdog restarts nothing in prod",
 	infra.RuleContainerFaster:   "Docker's health check only gates the deploy hook's own wait, which the rehearsal verifies on its own",
 	infra.RuleStartCovers:       "a start timeout shorter than the first container check fails the first deploy on every server, before any load",
+	infra.RuleHeaderBeforeCut:   "the load sends each request's headers at once: no client trickles them, so the header timeout never runs into a shutdown (drain's TestSlowHeaderDoesNotHoldTheShutdown shows it on loopback)",
+	infra.RuleIdleCoversRequest: "the load's longest request is half the shutdown timeout, far inside the idle timeout; the balancer's 504 for a request past it is pinned by TestFidelity",
 }
 
 // MatrixRow is one row's result.

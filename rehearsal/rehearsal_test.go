@@ -76,7 +76,10 @@ func TestRehearsal(t *testing.T) {
 	}
 	for _, p := range rep.Profiles {
 		assert.Empty(t, p.CrossCheck, "%s: the balancer nodes' logs agree with the load", p.Profile)
-		assert.Equal(t, p.Total.Requests, p.ByMethod[http.MethodGet].Requests+p.ByMethod[http.MethodPost].Requests, "%s: every request counted per method", p.Profile)
+		for _, d := range p.Deploys {
+			assert.Equal(t, d.Requests, d.ByMethod[http.MethodGet].Requests+d.ByMethod[http.MethodPost].Requests,
+				"%s deploy %d: every request counted per method", p.Profile, d.Deploy)
+		}
 		assert.GreaterOrEqual(t, p.Balancers[http.MethodGet].Requests+p.Balancers[http.MethodPost].Requests,
 			p.Total.Requests-p.Total.ClientErrors, "%s: the nodes logged every answer", p.Profile)
 		assert.Equal(t, p.ByMethod[http.MethodPost].BadGateway, p.Balancers[http.MethodPost].BadGateway, "%s: POST 502s, load and logs", p.Profile)

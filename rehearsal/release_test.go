@@ -54,11 +54,17 @@ func TestWriteReleaseBeforeDiffersOnlyInTheDrain(t *testing.T) {
 	assert.Equal(t, uncommented(strings.ReplaceAll(prod[hooks.ComposeFile], drainOf(ref), drainOf(before))), uncommented(got[hooks.ComposeFile]),
 		"nothing else differs from prod's servers (the header comment tells before's drain)")
 	assert.Equal(t, string(hooks.Checksum([]byte(got[hooks.ComposeFile]))), got[hooks.ChecksumFile], "checksum matches what is shipped")
-	// The deploy watches new containers for the balancer's re-entry time:
-	// before's own, from its slower checks.
-	settle := func(tm infra.Timing) string { return fmt.Sprintf("MYTHEX_SETTLE_MS=%d\n", tm.Reentry().Milliseconds()) }
-	assert.Equal(t, strings.ReplaceAll(prod[hooks.TimingEnvFile], settle(ref), settle(before)), got[hooks.TimingEnvFile],
-		"the scripts' numbers are prod's but for the re-entry the deploy waits out")
+	// The numbers that follow the balancer's checks are before's own, from
+	// its slower checks: the deploy's settle window (re-entry) and the
+	// rollout's polling for re-entry.
+	reentry := func(tm infra.Timing) *strings.Replacer {
+		return strings.NewReplacer(
+			fmt.Sprintf("MYTHEX_SETTLE_MS=%d\n", tm.Reentry().Milliseconds()), "SETTLE\n",
+			fmt.Sprintf("MYTHEX_REENTRY_POLL_MS=%d\n", tm.ReentryPoll().Milliseconds()), "POLL\n",
+			fmt.Sprintf("MYTHEX_REENTRY_WAIT_MS=%d\n", tm.ReentryWait().Milliseconds()), "WAIT\n")
+	}
+	assert.Equal(t, reentry(ref).Replace(prod[hooks.TimingEnvFile]), reentry(before).Replace(got[hooks.TimingEnvFile]),
+		"the scripts' numbers are prod's but for those that follow the balancer's checks")
 }
 
 func TestWriteReleaseRefusesAnUnnamedBreak(t *testing.T) {
