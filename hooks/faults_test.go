@@ -165,26 +165,29 @@ func TestDeployReportsCutRequests(t *testing.T) {
 	deploy(t, s, tag)
 	old := containers(t, s)["api"]
 
-	// A request longer than the drain and the shutdown timeout together.
-	hold := 4 * dockerTiming.StopGracePeriod
-	go func() {
-		c := http.Client{Timeout: 2 * hold}
-		resp, err := c.Get(fmt.Sprintf("http://127.0.0.1:%d/work?ms=%d", s.AppPort, hold.Milliseconds()))
-		if err == nil {
-			resp.Body.Close()
-		}
-	}()
-	waitFor(t, dockerTiming.StartTimeout, "the request in flight", func() bool {
-		resp, err := http.Get(fmt.Sprintf("http://127.0.0.1:%d/about", s.AppPort))
+	// Once the old api drains (it still serves), a request as long as the
+	// contract allows outlasts what is left of the drain and the shutdown
+	// timeout together.
+	done := make(chan result, 1)
+	go func() { done <- runScript(s, nil, "deploy", next) }()
+	about := fmt.Sprintf("http://127.0.0.1:%d/about", s.AppPort)
+	waitFor(t, dockerTiming.DeployDowntime(), "the old api draining", func() bool {
+		resp, err := http.Get(about)
 		if err != nil {
 			return false
 		}
 		defer resp.Body.Close()
 		body, _ := io.ReadAll(resp.Body)
-		return strings.Contains(string(body), `"in_flight":1`)
+		return strings.Contains(string(body), `"phase":"draining"`)
 	})
-
-	res := run(t, s, nil, "deploy", next)
+	go func() {
+		c := http.Client{Timeout: 2 * dockerTiming.MaxRequest}
+		resp, err := c.Get(fmt.Sprintf("http://127.0.0.1:%d/work?ms=%d", s.AppPort, dockerTiming.MaxRequest.Milliseconds()))
+		if err == nil {
+			resp.Body.Close()
+		}
+	}()
+	res := <-done
 	require.Equal(t, 1, res.code, "%s", res)
 	assert.Contains(t, res.stderr, "api: old container "+old[:12]+" cut 1 request(s) at its shutdown timeout: GET /work")
 	for _, role := range Roles[1:] {
