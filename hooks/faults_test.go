@@ -17,14 +17,6 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// tagVersion gives every role's image of tag a second name, version.
-func tagVersion(t *testing.T, tag, version string) {
-	t.Helper()
-	for _, role := range Roles {
-		tagImage(t, ImageName(DefaultImagePrefix, role, tag), ImageName(DefaultImagePrefix, role, version))
-	}
-}
-
 // currentVersion is the version s's current release runs.
 func currentVersion(t *testing.T, s Server) string {
 	t.Helper()
@@ -43,7 +35,7 @@ func currentVersion(t *testing.T, s Server) string {
 func TestDeployOutlivesItsCaller(t *testing.T) {
 	tag := images(t)
 	next := tag + "-caller"
-	tagVersion(t, tag, next)
+	buildVersion(t, next)
 	s := newServer(t, dockerTiming)
 	deploy(t, s, tag)
 
@@ -111,7 +103,7 @@ func TestUnpullableVersionChangesNothing(t *testing.T) {
 func TestWatchdogRestartsAllDueInOneLockHold(t *testing.T) {
 	tag := images(t)
 	version := tag + "-alldue"
-	tagVersion(t, tag, version)
+	buildVersion(t, version)
 	s := newServer(t, dockerTiming)
 	deploy(t, s, version)
 	var ids []string
@@ -160,7 +152,7 @@ func TestWatchdogRestartsAllDueInOneLockHold(t *testing.T) {
 func TestDeployReportsCutRequests(t *testing.T) {
 	tag := images(t)
 	next := tag + "-cut"
-	tagVersion(t, tag, next)
+	buildVersion(t, next)
 	s := newServer(t, dockerTiming)
 	deploy(t, s, tag)
 	old := containers(t, s)["api"]

@@ -265,8 +265,10 @@ func WatchdogTimeouts(t infra.Timing) (start, stop time.Duration) {
 
 // RenderService renders the watchdog's systemd unit. bootstrap replaces
 // @MYTHEX_ROOT@ with the server's directory, inside the quotes systemd reads.
-func RenderService(t infra.Timing) ([]byte, error) {
-	if err := checkRenderable(t); err != nil {
+func RenderService(t infra.Timing) ([]byte, error) { return renderService(t, nil) }
+
+func renderService(t infra.Timing, breaks []infra.Rule) ([]byte, error) {
+	if err := checkRenderable(t, breaks); err != nil {
 		return nil, err
 	}
 	start, stop := WatchdogTimeouts(t)
@@ -331,7 +333,7 @@ func generated(t infra.Timing, breaks []infra.Rule) (map[string][]byte, error) {
 	if err != nil {
 		return nil, err
 	}
-	service, err := RenderService(t)
+	service, err := renderService(t, breaks)
 	if err != nil {
 		return nil, err
 	}

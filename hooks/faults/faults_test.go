@@ -92,15 +92,17 @@ func images(t *testing.T) string {
 	return tag
 }
 
-// tagVersion gives every role's image of tag a second name, version.
-func tagVersion(t *testing.T, tag, version string) {
+// buildVersion builds every role's image with version built in: /about
+// reports the version of the binary, not of the tag.
+func buildVersion(t *testing.T, version string) {
 	t.Helper()
+	root, err := filepath.Abs("../..")
+	require.NoError(t, err)
+	require.NoError(t, hooks.BuildImages(context.Background(), root, version), "build images %s", version)
+	tagsMu.Lock()
+	defer tagsMu.Unlock()
 	for _, role := range hooks.Roles {
-		dst := hooks.ImageName(hooks.DefaultImagePrefix, role, version)
-		docker(t, "tag", hooks.ImageName(hooks.DefaultImagePrefix, role, tag), dst)
-		tagsMu.Lock()
-		extraTags = append(extraTags, dst)
-		tagsMu.Unlock()
+		extraTags = append(extraTags, hooks.ImageName(hooks.DefaultImagePrefix, role, version))
 	}
 }
 
@@ -388,8 +390,8 @@ func TestDeployKilledAtEachStep(t *testing.T) {
 
 func killAtEachStep(t *testing.T, tag string, sig syscall.Signal) {
 	a, b := fmt.Sprintf("%s-%da", tag, sig), fmt.Sprintf("%s-%db", tag, sig)
-	tagVersion(t, tag, a)
-	tagVersion(t, tag, b)
+	buildVersion(t, a)
+	buildVersion(t, b)
 	s := newServer(t)
 	deploy(t, s, b)
 	clean := map[string]serverState{b: stateOf(t, s)}
