@@ -73,6 +73,8 @@ LOCK_FD=""
 COMPOSE_CMD=()
 # When set (milliseconds on now_ms's clock), no Docker call runs past it.
 HOLD_DEADLINE=0
+# The services wait_healthy last found not healthy.
+WAIT_PENDING=""
 # When set, every log line is also appended here.
 LOG_FILE=""
 
@@ -450,6 +452,7 @@ wait_healthy() {
       pending="(Docker did not answer)"
     fi
     if (($(now_ms) >= deadline)); then
+      WAIT_PENDING="$pending"
       err "not healthy after $(seconds "$MYTHEX_START_TIMEOUT_MS")s: $pending"
       return 1
     fi
