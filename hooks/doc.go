@@ -10,13 +10,15 @@
 //     infra.Timing.WatchdogStrikes consecutive failed checks.
 //   - One definition: compose.yaml, rendered from compose.tmpl and
 //     infra.Prod(), published whole with compose.yaml.sha256 and refused by
-//     the server when the checksum does not match.
+//     the server when the checksum does not match. A server keeps each
+//     release (definition, checksum, deployed values) in a directory of its
+//     own and switches the symlink `current` to it with one rename.
 //   - Verify, don't trust: deploy succeeds only after api, orchestrator,
 //     gateway and publish-worker each answer with their role and the new
 //     version, and every replaced container drained and exited 0.
 //
-// The numbers the scripts need are in timing.env, generated from the same
-// timing. Regenerate every generated file with:
+// The numbers the scripts need are in timing.env, and the watchdog's
+// systemd units are rendered, from the same timing. Regenerate every generated file with:
 //
 //	go generate ./hooks
 //

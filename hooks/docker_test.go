@@ -126,7 +126,7 @@ func TestDeployReplacesAllFour(t *testing.T) {
 	t.Logf("one server's deploy took %v (drain %v, grace %v)", took.Round(time.Millisecond), dockerTiming.Drain, dockerTiming.StopGracePeriod)
 
 	assert.Equal(t, "MYTHEX_VERSION="+next+"\nMYTHEX_BIND=127.0.0.1\nMYTHEX_APP_PORT="+fmt.Sprint(s.AppPort)+"\n",
-		string(mustRead(t, filepath.Join(s.Root, "state", "deployed.env"))))
+		string(mustRead(t, filepath.Join(s.Root, "current", "deployed.env"))))
 	assert.Equal(t, "api 0\norchestrator 0\ngateway 0\npublish-worker 0\n",
 		string(mustRead(t, filepath.Join(s.Root, "state", "strikes"))))
 }
@@ -253,7 +253,7 @@ func TestWatchdogRestartsOnlyAtTheFourthStrike(t *testing.T) {
 	deploy(t, s, tag)
 	n := dockerTiming.WatchdogStrikes
 	require.Equal(t, 4, n, "the article's four strikes")
-	compose := mustRead(t, filepath.Join(s.Root, ComposeFile))
+	compose := mustRead(t, filepath.Join(s.Root, "current", ComposeFile))
 
 	for _, role := range []string{"api", "publish-worker"} {
 		t.Run(role, func(t *testing.T) {
@@ -296,7 +296,7 @@ func TestWatchdogRestartsOnlyAtTheFourthStrike(t *testing.T) {
 			assert.NotContains(t, res.stdout, "strike")
 		})
 	}
-	assert.Equal(t, string(compose), string(mustRead(t, filepath.Join(s.Root, ComposeFile))), "the watchdog never writes the definition")
+	assert.Equal(t, string(compose), string(mustRead(t, filepath.Join(s.Root, "current", ComposeFile))), "the watchdog never writes the definition")
 }
 
 // While a real deploy holds the lock, the watchdog does nothing, even for a

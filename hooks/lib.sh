@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # Shared by deploy, bootstrap and watchdog: the server layout, logging, the
-# one server lock, the numbers generated from the timing contract, compose,
-# and atomic installs. Sourced, never run.
+# one server lock, the numbers generated from the timing contract, bounded
+# Docker calls, releases and atomic installs. Sourced, never run.
 #
 # Settings (production defaults; the tests and the rehearsal set them per
 # simulated server):
-#   MYTHEX_ROOT        server directory: installed compose.yaml, state/, lock
+#   MYTHEX_ROOT        server directory: releases/, current, state/, lock
 #                      (default /opt/mythex)
 #   MYTHEX_LOCK        the one lock of the server (default $MYTHEX_ROOT/mythex.lock)
 #   MYTHEX_PROJECT     compose project name (default mythex)
@@ -17,7 +17,24 @@
 #                      this inherited descriptor across bootstrap and deploy:
 #                      the scripts use that hold and leave releasing it to it
 #   MYTHEX_CRITICAL_SECTION_CMD  test seam: run this command while holding
-#                      the lock instead of the script's work
+#                      the lock instead of the script's work (from the
+#                      environment only, never from timing.env)
+#
+# Layout: a release is a directory releases/<version>-<hash> holding
+# compose.yaml, its checksum and deployed.env (the values compose
+# interpolates), written once and never changed. The symlink `current` names
+# the release the server runs; a deploy switches it with one rename, so a
+# reader sees the old release or the new one, never half of each.
+#
+# Every step that can fail is checked where it runs, with `|| return` or
+# `|| die`: these functions are called from `if`, `||` and `!`, where
+# `set -e` does nothing.
+
+# The globals below are read by the scripts that source this file.
+# shellcheck disable=SC2034
+true
+
+shopt -s inherit_errexit
 
 readonly SCRIPT="${0##*/}"
 HOOKS_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -27,19 +44,31 @@ readonly MYTHEX_LOCK="${MYTHEX_LOCK:-$MYTHEX_ROOT/mythex.lock}"
 readonly MYTHEX_PROJECT="${MYTHEX_PROJECT:-mythex}"
 readonly MYTHEX_TIMING_ENV="${MYTHEX_TIMING_ENV:-$HOOKS_DIR/timing.env}"
 readonly MYTHEX_RELEASE_DIR="${MYTHEX_RELEASE_DIR:-$HOOKS_DIR}"
-readonly INSTALLED_COMPOSE="$MYTHEX_ROOT/compose.yaml"
-readonly INSTALLED_CHECKSUM="$MYTHEX_ROOT/compose.yaml.sha256"
+readonly RELEASES_DIR="$MYTHEX_ROOT/releases"
+readonly CURRENT="$MYTHEX_ROOT/current"
+readonly COMPOSE_NAME="compose.yaml"
+readonly CHECKSUM_NAME="compose.yaml.sha256"
+readonly VALUES_NAME="deployed.env"
 readonly STATE_DIR="$MYTHEX_ROOT/state"
-readonly DEPLOYED_ENV="$STATE_DIR/deployed.env"
 readonly STRIKES_FILE="$STATE_DIR/strikes"
+# Present from the moment a deploy may change what runs until it has
+# finished: found by a later run, it means that deploy was killed.
+readonly DEPLOYING_FILE="$STATE_DIR/deploying"
+# How every deploy ended, for whoever asks after its caller went away.
+readonly LAST_DEPLOY_FILE="$STATE_DIR/last-deploy"
+# Who took the lock last, and since when the watchdog has found it held.
+readonly LOCK_HOLDER_FILE="$STATE_DIR/lock-holder"
+readonly LOCK_BUSY_FILE="$STATE_DIR/lock-busy"
 # Exit status when the lock stays held past the bound (EX_TEMPFAIL): the
 # caller may retry later.
 readonly EXIT_LOCKED=75
-# The keys timing.env must define; durations end in _MS.
+# The keys timing.env must define, and the only ones it may; durations end
+# in _MS.
 readonly TIMING_KEYS=(MYTHEX_LOCK_WAIT_MS MYTHEX_START_TIMEOUT_MS
   MYTHEX_STOP_GRACE_PERIOD_MS MYTHEX_CONTAINER_HEALTH_INTERVAL_MS
   MYTHEX_CONTAINER_HEALTH_TIMEOUT_MS MYTHEX_SETTLE_MS MYTHEX_REENTRY_POLL_MS
   MYTHEX_REENTRY_WAIT_MS MYTHEX_WATCHDOG_INTERVAL_MS
+  MYTHEX_DEPLOY_DOWNTIME_MS MYTHEX_SERVER_DEPLOY_MAX_MS
   MYTHEX_WATCHDOG_STRIKES MYTHEX_HEALTH_PATH MYTHEX_HEALTHY_STATUS
   MYTHEX_SERVICES MYTHEX_COMPOSE_VARS)
 
@@ -47,13 +76,30 @@ TMP_FILES=()
 LOCK_FD=""
 LOCK_INHERITED=""
 COMPOSE_CMD=()
+# When set (milliseconds on now_ms's clock), no Docker call runs past it.
+HOLD_DEADLINE=0
+# The services wait_healthy last found not healthy.
+WAIT_PENDING=""
+# When set, every log line is also appended here.
+LOG_FILE=""
 
+log_line() {
+  local line
+  printf -v line '%s %s: %s' "$(date -u +%FT%TZ)" "$SCRIPT" "$*"
+  printf '%s\n' "$line"
+  if [[ -n "$LOG_FILE" ]]; then
+    printf '%s\n' "$line" >>"$LOG_FILE" 2>/dev/null || true
+  fi
+}
+
+# A log line that cannot be written (the caller's ssh session is gone) is
+# lost, never a reason to stop halfway.
 err() {
-  printf '%s %s: %s\n' "$(date -u +%FT%TZ)" "$SCRIPT" "$*" >&2
+  log_line "$@" >&2 2>/dev/null || log_line "$@" >/dev/null 2>&1 || true
 }
 
 log() {
-  printf '%s %s: %s\n' "$(date -u +%FT%TZ)" "$SCRIPT" "$*"
+  log_line "$@" 2>/dev/null || log_line "$@" >/dev/null 2>&1 || true
 }
 
 die() {
@@ -66,10 +112,13 @@ die() {
 cleanup_tmp() {
   local f
   for f in "${TMP_FILES[@]}"; do
-    rm -f -- "$f"
+    rm -rf -- "$f"
   done
 }
 trap cleanup_tmp EXIT
+# Past a file size limit a write fails (EFBIG), like on a full disk, instead
+# of killing the script between two steps.
+trap '' XFSZ
 
 # now_ms prints the wall clock in milliseconds.
 now_ms() {
@@ -83,11 +132,46 @@ seconds() {
   printf '%d.%03d\n' "$(($1 / 1000))" "$(($1 % 1000))"
 }
 
+# root_problems prints why MYTHEX_ROOT cannot be used, one line each. The
+# root goes into systemd's ExecStart= and into paths docker compose reads;
+# spaces, | and & are fine there, quotes, backslashes and control
+# characters are not.
+root_problems() {
+  local c
+  [[ "$MYTHEX_ROOT" == /* ]] ||
+    echo "MYTHEX_ROOT '$MYTHEX_ROOT' must be an absolute path (the watchdog unit runs from it)"
+  if [[ "$MYTHEX_ROOT" =~ [[:cntrl:]] ]]; then
+    echo "MYTHEX_ROOT must not contain control characters"
+  fi
+  for c in '"' "'" "\\"; do
+    [[ "$MYTHEX_ROOT" != *"$c"* ]] || echo "MYTHEX_ROOT '$MYTHEX_ROOT' must not contain $c"
+  done
+  [[ "/$MYTHEX_ROOT/" != *"/../"* && "/$MYTHEX_ROOT/" != *"/./"* && "$MYTHEX_ROOT" != *//* ]] ||
+    echo "MYTHEX_ROOT '$MYTHEX_ROOT' must be a plain path, without '.', '..' or '//'"
+  [[ "$MYTHEX_ROOT" != / ]] || echo "MYTHEX_ROOT must not be /"
+  [[ "$MYTHEX_PROJECT" =~ ^[a-z0-9][a-z0-9_-]*$ ]] ||
+    echo "MYTHEX_PROJECT '$MYTHEX_PROJECT' must be a compose project name (lowercase letters, digits, - and _)"
+  return 0
+}
+
+check_root() {
+  local problems
+  problems="$(root_problems)"
+  [[ -z "$problems" ]] || die "$problems"
+}
+
 # load_timing reads timing.env into read-only globals. It parses rather than
-# sources: the file holds data, not code. Every problem is reported at once.
+# sources: the file holds data, not code. Only the keys the scripts know are
+# accepted: a stray MYTHEX_* line must not set the test seam or an input
+# already checked. Every problem is reported at once.
 load_timing() {
   local line key value problems=() n=0
+  local -A seen=()
   [[ -r "$MYTHEX_TIMING_ENV" ]] || die "cannot read the timing numbers from $MYTHEX_TIMING_ENV (set MYTHEX_TIMING_ENV, or run from an installed hooks directory)"
+  for key in "${TIMING_KEYS[@]}"; do
+    unset "$key"
+    seen["$key"]=0
+  done
   while IFS= read -r line || [[ -n "$line" ]]; do
     n=$((n + 1))
     [[ -z "$line" || "$line" == \#* ]] && continue
@@ -97,21 +181,38 @@ load_timing() {
       problems+=("line $n is not KEY=value: $line")
       continue
     fi
+    if [[ -z "${seen[$key]+set}" ]]; then
+      problems+=("line $n sets $key, which is not a timing key (known: ${TIMING_KEYS[*]})")
+      continue
+    fi
+    if ((seen[$key])); then
+      problems+=("line $n sets $key a second time")
+      continue
+    fi
+    seen["$key"]=1
     value="${value#\"}"
     value="${value%\"}"
     printf -v "$key" '%s' "$value"
-  done <"$MYTHEX_TIMING_ENV"
+  done <"$MYTHEX_TIMING_ENV" || die "cannot read $MYTHEX_TIMING_ENV"
   for key in "${TIMING_KEYS[@]}"; do
     if [[ -z "${!key:-}" ]]; then
       problems+=("$key is missing")
-    elif [[ "$key" == *_MS || "$key" == MYTHEX_WATCHDOG_STRIKES || "$key" == MYTHEX_HEALTHY_STATUS ]] &&
-      ! [[ "${!key}" =~ ^[1-9][0-9]*$ ]]; then
-      problems+=("$key=${!key} must be a positive integer")
+      continue
     fi
+    case "$key" in
+      *_MS | MYTHEX_WATCHDOG_STRIKES | MYTHEX_HEALTHY_STATUS)
+        [[ "${!key}" =~ ^[1-9][0-9]{0,11}$ ]] || problems+=("$key=${!key} must be a positive integer") ;;
+      MYTHEX_HEALTH_PATH)
+        [[ "${!key}" =~ ^/[A-Za-z0-9/._-]*$ ]] || problems+=("$key=${!key} must be a URL path") ;;
+      MYTHEX_SERVICES)
+        [[ "${!key}" =~ ^[a-z0-9][a-z0-9-]*( [a-z0-9][a-z0-9-]*)*$ ]] || problems+=("$key=${!key} must be service names separated by spaces") ;;
+      MYTHEX_COMPOSE_VARS)
+        [[ "${!key}" =~ ^MYTHEX_[A-Z0-9_]+( MYTHEX_[A-Z0-9_]+)*$ ]] || problems+=("$key=${!key} must be MYTHEX_ variable names separated by spaces") ;;
+    esac
   done
   if ((${#problems[@]})); then
     err "invalid timing file $MYTHEX_TIMING_ENV:"
-    printf '  %s\n' "${problems[@]}" >&2
+    printf '  %s\n' "${problems[@]}" >&2 || true
     exit 1
   fi
   for key in "${TIMING_KEYS[@]}"; do
@@ -128,8 +229,27 @@ require_commands() {
   ((${#missing[@]} == 0)) || die "missing commands: ${missing[*]} (install them first)"
 }
 
+# check_private_dir fails unless dir belongs to this user and nobody else
+# may write to it: whoever can write a directory can swap the files in it.
+check_private_dir() {
+  local dir="$1" owner mode
+  owner="$(stat -c '%u' -- "$dir")" || die "cannot stat $dir"
+  mode="$(stat -c '%a' -- "$dir")" || die "cannot stat $dir"
+  [[ "$owner" == "$EUID" ]] || die "$dir belongs to uid $owner, not to uid $EUID who runs $SCRIPT; refusing to use it"
+  (((8#$mode & 8#022) == 0)) || die "$dir has mode $mode: group or others may write to it; run chmod go-w $dir"
+}
+
+# prepare_dirs creates the server's directories, writable by their owner
+# alone, and the lock file, readable by its owner alone: flock needs only
+# read access, so a lock anyone can read is a lock anyone can hold.
 prepare_dirs() {
-  mkdir -p -- "$MYTHEX_ROOT" "$STATE_DIR" "$(dirname -- "$MYTHEX_LOCK")"
+  local lock_dir
+  lock_dir="$(dirname -- "$MYTHEX_LOCK")"
+  mkdir -p -- "$MYTHEX_ROOT" "$STATE_DIR" "$RELEASES_DIR" "$lock_dir" || die "cannot create $MYTHEX_ROOT"
+  chmod go-w -- "$MYTHEX_ROOT" "$STATE_DIR" "$RELEASES_DIR" || die "cannot tighten the modes under $MYTHEX_ROOT"
+  check_private_dir "$MYTHEX_ROOT"
+  check_private_dir "$STATE_DIR"
+  check_private_dir "$lock_dir"
 }
 
 open_lock() {
@@ -144,7 +264,16 @@ open_lock() {
   fi
   # Append mode: opening never truncates or replaces the lock file, and it is
   # never deleted, so every process locks the same inode.
-  exec {LOCK_FD}>>"$MYTHEX_LOCK"
+  exec {LOCK_FD}>>"$MYTHEX_LOCK" || die "cannot open the server lock $MYTHEX_LOCK"
+  # A lock file left readable by an older release is tightened here.
+  chmod 0600 -- "$MYTHEX_LOCK" || die "cannot set the mode of $MYTHEX_LOCK to 0600"
+}
+
+# note_holder records who holds the lock and since when, for the watchdog's
+# report of a lock held too long.
+note_holder() {
+  write_atomic "$LOCK_HOLDER_FILE" 0644 "$$ $SCRIPT $(now_ms)"$'\n' ||
+    err "cannot record the lock holder in $LOCK_HOLDER_FILE (continuing)"
 }
 
 # lock_wait takes the server lock, waiting at most MYTHEX_LOCK_WAIT_MS.
@@ -160,20 +289,22 @@ lock_wait() {
     exit "$EXIT_LOCKED"
   fi
   waited="$(($(now_ms) - start))"
+  note_holder
   log "holding the server lock $MYTHEX_LOCK (waited $(seconds "$waited")s)"
 }
 
 # lock_try takes the server lock if it is free; it never waits.
 lock_try() {
   open_lock
-  flock -n "$LOCK_FD"
+  flock -n "$LOCK_FD" || return 1
+  note_holder
 }
 
 unlock() {
   # An inherited hold is the holder's to release.
   [[ -z "$LOCK_INHERITED" ]] || return 0
   # Releases the lock even if a child process inherited the descriptor.
-  flock -u "$LOCK_FD"
+  flock -u "$LOCK_FD" || true
   exec {LOCK_FD}>&-
 }
 
@@ -184,30 +315,60 @@ run_critical_section() {
   bash -c "$MYTHEX_CRITICAL_SECTION_CMD" "$SCRIPT"
 }
 
-# compose runs docker compose (or docker-compose) on the installed
-# definition. Its variables come from state/deployed.env alone, so a deploy
-# and a later watchdog restart interpolate the same values.
-compose() {
-  local v unset=()
+# bounded MS CMD... runs CMD and kills it after MS milliseconds, or at
+# HOLD_DEADLINE if that comes first: a wedged Docker engine fails the call
+# instead of holding the lock forever. The Docker CLI keeps no state worth a
+# clean exit (the engine does the work), hence SIGKILL. It returns 137 on a
+# timeout. timeout(1) also runs CMD in a process group of its own, so a
+# signal meant for the caller's group does not cut compose off halfway.
+bounded() {
+  local ms="$1" left
+  shift
+  if ((HOLD_DEADLINE > 0)); then
+    left=$((HOLD_DEADLINE - $(now_ms)))
+    if ((left <= 0)); then
+      err "not running $1: the lock may be held no longer (bounded by the timing contract)"
+      return 137
+    fi
+    if ((left < ms)); then
+      ms="$left"
+    fi
+  fi
+  timeout -s KILL "$(seconds "$ms")" "$@"
+}
+
+# dq runs a quick Docker query, bounded by the start timeout: an engine that
+# takes longer than a container gets to start is wedged.
+dq() {
+  bounded "$MYTHEX_START_TIMEOUT_MS" docker "$@"
+}
+
+# compose_cmd sets COMPOSE_ARGV to run docker compose (or docker-compose) on
+# the release in directory $1. Its variables come from that release's
+# deployed.env alone, so a deploy and a later watchdog restart interpolate
+# the same values.
+compose_cmd() {
+  local dir="$1" v unset=()
   if ((${#COMPOSE_CMD[@]} == 0)); then
-    if docker compose version >/dev/null 2>&1; then
+    if dq compose version >/dev/null 2>&1; then
       COMPOSE_CMD=(docker compose)
     elif command -v docker-compose >/dev/null 2>&1; then
       COMPOSE_CMD=(docker-compose)
     else
-      die "neither 'docker compose' nor 'docker-compose' is installed"
+      err "neither 'docker compose' nor 'docker-compose' is installed"
+      return 1
     fi
   fi
   for v in $MYTHEX_COMPOSE_VARS; do
     unset+=(-u "$v")
   done
-  env "${unset[@]}" "${COMPOSE_CMD[@]}" --env-file "$DEPLOYED_ENV" \
-    -p "$MYTHEX_PROJECT" -f "$INSTALLED_COMPOSE" "$@"
+  COMPOSE_ARGV=(env "${unset[@]}" "${COMPOSE_CMD[@]}" --env-file "$dir/$VALUES_NAME"
+    -p "$MYTHEX_PROJECT" -f "$dir/$COMPOSE_NAME")
 }
 
 # container_ids prints the ids of a service's containers, running or not.
 container_ids() {
-  docker ps -a -q --no-trunc \
+  dq ps -a -q --no-trunc \
     --filter "label=com.docker.compose.project=$MYTHEX_PROJECT" \
     --filter "label=com.docker.compose.service=$1" \
     --filter "label=com.docker.compose.oneoff=False"
@@ -215,25 +376,36 @@ container_ids() {
 
 # snapshot prints "<service> <id> <status> <health> <exit code>" for every
 # container of the project, from one docker ps and one docker inspect; health
-# is "none" when a container has no health check.
+# is "none" when a container has no health check. It fails when Docker does
+# not answer.
 snapshot() {
-  local ids
-  ids="$(docker ps -a -q --no-trunc \
+  local ids json
+  ids="$(dq ps -a -q --no-trunc \
     --filter "label=com.docker.compose.project=$MYTHEX_PROJECT" \
-    --filter "label=com.docker.compose.oneoff=False")"
+    --filter "label=com.docker.compose.oneoff=False")" || {
+    err "docker ps failed or timed out"
+    return 1
+  }
   [[ -n "$ids" ]] || return 0
+  # A container removed between ps and inspect makes inspect fail; the
+  # others are still printed, and what is gone is simply not there.
+  # shellcheck disable=SC2086 # one id per word
+  json="$(dq inspect $ids 2>/dev/null)" || [[ "$json" == "["* ]] || {
+    err "docker inspect failed or timed out"
+    return 1
+  }
   # jq, not a --format template: a container that never started has no
   # Health key, which templates refuse.
-  # shellcheck disable=SC2086 # one id per word
-  docker inspect $ids 2>/dev/null | jq -r '.[] | [.Config.Labels["com.docker.compose.service"],
-    .Id, .State.Status, (.State.Health.Status // "none"), (.State.ExitCode | tostring)] | join(" ")' || true
+  jq -r '.[] | [.Config.Labels["com.docker.compose.service"],
+    .Id, .State.Status, (.State.Health.Status // "none"), (.State.ExitCode | tostring)] | join(" ")' <<<"$json"
 }
 
 # service_problems prints "<service> <why>" for each service named in its
-# arguments that is not one running, healthy container.
+# arguments that is not one running, healthy container. It fails when
+# Docker does not answer.
 service_problems() {
   local snap svc name status health code n found
-  snap="$(snapshot)"
+  snap="$(snapshot)" || return 1
   for svc in "$@"; do
     n=0
     found=""
@@ -259,56 +431,212 @@ service_problems() {
   done
 }
 
-# write_atomic replaces $1 with stdin in one rename, from a temp file in
-# the same directory, so no reader ever sees half a file.
-write_atomic() {
-  local dst="$1" mode="${2:-0644}" tmp
-  tmp="$(mktemp "$(dirname -- "$dst")/.${dst##*/}.XXXXXX")"
-  TMP_FILES+=("$tmp")
-  cat >"$tmp"
-  chmod "$mode" "$tmp"
-  mv -f -- "$tmp" "$dst"
+# remove_debris removes every container of the project that is not running:
+# what a killed compose leaves behind (a stopped old container, renamed or
+# not; a new one created and never started). compose up then creates what
+# is missing from the current release. With arguments, only those
+# services' containers are looked at.
+remove_debris() {
+  local snap svc id status ids=()
+  snap="$(snapshot)" || return 1
+  while read -r svc id status _; do
+    [[ -n "$id" && "$status" != running ]] || continue
+    (($# == 0)) || [[ " $* " == *" $svc "* ]] || continue
+    log "$svc: removing container ${id:0:12} ($status), left behind by an interrupted run"
+    ids+=("$id")
+  done <<<"$snap"
+  ((${#ids[@]} == 0)) || dq rm -f "${ids[@]}" >/dev/null || {
+    err "cannot remove the containers left behind: ${ids[*]}"
+    return 1
+  }
 }
 
-# install_compose installs the release's compose.yaml only if its SHA-256
-# matches the published checksum; otherwise the installed file stays as it was.
-install_compose() {
-  local src="$MYTHEX_RELEASE_DIR/compose.yaml" sum_file="$MYTHEX_RELEASE_DIR/compose.yaml.sha256"
-  local want got tmp
+# wait_healthy polls Docker's health status of the services named until all
+# are healthy, up to MYTHEX_START_TIMEOUT_MS (or HOLD_DEADLINE).
+wait_healthy() {
+  local deadline problems pending
+  deadline="$(($(now_ms) + MYTHEX_START_TIMEOUT_MS))"
+  if ((HOLD_DEADLINE > 0 && HOLD_DEADLINE < deadline)); then
+    deadline="$HOLD_DEADLINE"
+  fi
+  while :; do
+    if problems="$(service_problems "$@")"; then
+      pending="$(cut -d ' ' -f 1 <<<"$problems" | tr '\n' ' ')"
+      pending="${pending% }"
+      [[ -n "$pending" ]] || return 0
+    else
+      pending="(Docker did not answer)"
+    fi
+    if (($(now_ms) >= deadline)); then
+      WAIT_PENDING="$pending"
+      err "not healthy after $(seconds "$MYTHEX_START_TIMEOUT_MS")s: $pending"
+      return 1
+    fi
+    sleep "$(seconds "$MYTHEX_CONTAINER_HEALTH_INTERVAL_MS")" || return 1
+  done
+}
+
+# endpoint prints host:port where a container's service is published.
+endpoint() {
+  local line addr host
+  line="$(dq port "$1" 2>/dev/null | head -n 1)" || return 1
+  [[ -n "$line" ]] || return 1
+  addr="${line##* -> }"
+  host="${addr%:*}"
+  case "$host" in
+    0.0.0.0 | "[::]" | "::" | "") host=127.0.0.1 ;;
+  esac
+  printf '%s:%s\n' "$host" "${addr##*:}"
+}
+
+# verify_service prints one line per thing wrong with a service: its
+# container, its health answer, or its /about role and version. It prints
+# nothing when the service is right.
+verify_service() {
+  local svc="$1" version="$2" problem id ep code about role got_version
+  local max_time about_path="/about"
+  max_time="$(seconds "$MYTHEX_CONTAINER_HEALTH_TIMEOUT_MS")"
+  if ! problem="$(service_problems "$svc")"; then
+    echo "$svc: Docker did not answer"
+    return 0
+  fi
+  problem="${problem#"$svc" }"
+  if [[ -n "$problem" ]]; then
+    echo "$svc: $problem"
+    # A running container that fails its health check may still answer.
+    [[ "$problem" == "container health is"* ]] || return 0
+  fi
+  if ! id="$(container_ids "$svc")" || ! ep="$(endpoint "$id")"; then
+    echo "$svc: no published port"
+    return 0
+  fi
+  code="$(curl -s -o /dev/null -w '%{http_code}' --max-time "$max_time" "http://$ep$MYTHEX_HEALTH_PATH")" || true
+  [[ "$code" == "$MYTHEX_HEALTHY_STATUS" ]] ||
+    echo "$svc: $MYTHEX_HEALTH_PATH at $ep answered ${code:-nothing}, not $MYTHEX_HEALTHY_STATUS"
+  if ! about="$(curl -fsS --max-time "$max_time" "http://$ep$about_path" 2>&1)"; then
+    echo "$svc: $about_path at $ep failed: $about"
+    return 0
+  fi
+  if ! role="$(jq -r '.role // "" | tostring' <<<"$about" 2>/dev/null)" ||
+    ! got_version="$(jq -r '.version // "" | tostring' <<<"$about" 2>/dev/null)"; then
+    echo "$svc: $about_path at $ep is not JSON: $about"
+    return 0
+  fi
+  [[ "$role" == "$svc" ]] || echo "$svc: $about_path at $ep says role '$role'"
+  [[ "$got_version" == "$version" ]] || echo "$svc: $about_path at $ep says version '$got_version', not '$version'"
+}
+
+# verify_all prints every problem of every service, or nothing.
+verify_all() {
+  local version="$1" svc
+  for svc in $MYTHEX_SERVICES; do
+    verify_service "$svc" "$version"
+  done
+}
+
+# write_atomic DST MODE CONTENT replaces DST with CONTENT in one rename, from
+# a temp file in the same directory, so no reader ever sees half a file. A
+# failed write (disk full) leaves DST as it was and fails.
+write_atomic() {
+  local dst="$1" mode="$2" content="$3" tmp
+  tmp="$(mktemp "$(dirname -- "$dst")/.${dst##*/}.XXXXXX")" || {
+    err "cannot create a temp file beside $dst; it is unchanged"
+    return 1
+  }
+  TMP_FILES+=("$tmp")
+  if ! printf '%s' "$content" >"$tmp" || ! chmod "$mode" -- "$tmp" || ! mv -f -- "$tmp" "$dst"; then
+    rm -f -- "$tmp"
+    err "cannot write $dst (disk full?); it is unchanged"
+    return 1
+  fi
+}
+
+# copy_atomic SRC DST MODE is write_atomic with SRC's bytes.
+copy_atomic() {
+  local src="$1" dst="$2" mode="$3" tmp
+  tmp="$(mktemp "$(dirname -- "$dst")/.${dst##*/}.XXXXXX")" || {
+    err "cannot create a temp file beside $dst; it is unchanged"
+    return 1
+  }
+  TMP_FILES+=("$tmp")
+  if ! cat -- "$src" >"$tmp" || ! chmod "$mode" -- "$tmp" || ! mv -f -- "$tmp" "$dst"; then
+    rm -f -- "$tmp"
+    err "cannot copy $src to $dst (disk full?); it is unchanged"
+    return 1
+  fi
+}
+
+# switch_link LINK TARGET points the symlink LINK at TARGET with one rename.
+switch_link() {
+  local link="$1" target="$2" tmp
+  tmp="$(dirname -- "$link")/.${link##*/}.$$.link"
+  rm -f -- "$tmp" || return 1
+  TMP_FILES+=("$tmp")
+  if ! ln -s -- "$target" "$tmp" || ! mv -fT -- "$tmp" "$link"; then
+    rm -f -- "$tmp"
+    err "cannot point $link at $target; it is unchanged"
+    return 1
+  fi
+}
+
+# checksum_ok DIR checks DIR's compose.yaml against the checksum beside it.
+checksum_ok() {
+  local dir="$1" want got
+  [[ -r "$dir/$COMPOSE_NAME" && -r "$dir/$CHECKSUM_NAME" ]] || return 1
+  read -r want _ <"$dir/$CHECKSUM_NAME" || return 1
+  got="$(sha256sum <"$dir/$COMPOSE_NAME")" || return 1
+  [[ "${got%% *}" == "$want" ]]
+}
+
+# published_checksum prints the checksum published with the release in
+# MYTHEX_RELEASE_DIR, after checking that its compose.yaml matches it.
+published_checksum() {
+  local src="$MYTHEX_RELEASE_DIR/$COMPOSE_NAME" sum_file="$MYTHEX_RELEASE_DIR/$CHECKSUM_NAME"
+  local want got
   [[ -r "$src" ]] || die "no compose definition at $src; nothing installed"
   [[ -r "$sum_file" ]] || die "no published checksum at $sum_file; refusing $src, nothing installed"
   read -r want _ <"$sum_file" || true
   [[ "$want" =~ ^[0-9a-f]{64}$ ]] || die "$sum_file holds no SHA-256; refusing $src, nothing installed"
-  # Hash the copy, not the source: what is checked is what gets installed.
-  tmp="$(mktemp "$MYTHEX_ROOT/.compose.yaml.XXXXXX")"
-  TMP_FILES+=("$tmp")
-  cp -- "$src" "$tmp"
-  got="$(sha256sum <"$tmp")"
+  got="$(sha256sum <"$src")" || die "cannot read $src"
   got="${got%% *}"
   if [[ "$got" != "$want" ]]; then
     die "refusing $src: its SHA-256 is $got but the published checksum is $want;" \
-      "the installed $INSTALLED_COMPOSE is unchanged. Publish compose.yaml and its checksum together."
+      "the installed release is unchanged. Publish compose.yaml and its checksum together."
   fi
-  chmod 0444 "$tmp"
-  mv -f -- "$tmp" "$INSTALLED_COMPOSE"
-  printf '%s  compose.yaml\n' "$want" | write_atomic "$INSTALLED_CHECKSUM" 0444
-  log "installed compose definition $want"
+  printf '%s\n' "$want"
 }
 
-# installed_compose_intact checks the installed definition against the
-# checksum installed with it.
-installed_compose_intact() {
-  local want got
-  [[ -r "$INSTALLED_COMPOSE" && -r "$INSTALLED_CHECKSUM" ]] || return 1
-  read -r want _ <"$INSTALLED_CHECKSUM" || return 1
-  got="$(sha256sum <"$INSTALLED_COMPOSE")"
-  [[ "${got%% *}" == "$want" ]]
+# current_version prints the version the current release runs.
+current_version() {
+  local line
+  [[ -r "$CURRENT/$VALUES_NAME" ]] || return 1
+  while IFS= read -r line; do
+    if [[ "$line" == MYTHEX_VERSION=* ]]; then
+      printf '%s\n' "${line#MYTHEX_VERSION=}"
+      return 0
+    fi
+  done <"$CURRENT/$VALUES_NAME"
+  return 1
+}
+
+# remove_leftovers removes the temp files and staging directories a killed
+# run left behind (every name starting with a dot under the root, state/ and
+# releases/). Only a lock holder calls it: no other run is writing them.
+remove_leftovers() {
+  local f
+  for f in "$MYTHEX_ROOT"/.[!.]* "$STATE_DIR"/.[!.]* "$RELEASES_DIR"/.[!.]*; do
+    [[ -e "$f" || -L "$f" ]] || continue
+    # The watchdog writes lock-busy without the lock (it found it held).
+    [[ "$f" != "$STATE_DIR/.${LOCK_BUSY_FILE##*/}."* ]] || continue
+    rm -rf -- "$f" || err "cannot remove $f, left behind by an interrupted run"
+  done
 }
 
 # reset_strikes zeroes every service's watchdog strikes.
 reset_strikes() {
-  local svc
+  local svc content=""
   for svc in $MYTHEX_SERVICES; do
-    printf '%s 0\n' "$svc"
-  done | write_atomic "$STRIKES_FILE"
+    content+="$svc 0"$'\n'
+  done
+  write_atomic "$STRIKES_FILE" 0644 "$content"
 }

@@ -152,7 +152,7 @@ func freePort(t *testing.T) int {
 
 // serverTools are the commands the hooks run on a server, each with the
 // Debian package that installs it.
-var serverTools = [][2]string{{"flock", "util-linux"}, {"curl", "curl"}, {"jq", "jq"}, {"sha256sum", "coreutils"}}
+var serverTools = [][2]string{{"flock", "util-linux"}, {"curl", "curl"}, {"jq", "jq"}, {"sha256sum", "coreutils"}, {"timeout", "coreutils"}}
 
 // requireServerTools fails at once, naming the install command, when this
 // machine lacks a command the hooks need: the scripts would fail later and

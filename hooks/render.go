@@ -57,6 +57,7 @@ const (
 	ChecksumFile  = "compose.yaml.sha256"
 	TimingEnvFile = "timing.env"
 	TimerFile     = "mythex-watchdog.timer"
+	ServiceFile   = "mythex-watchdog.service"
 )
 
 //go:embed compose.tmpl
@@ -210,6 +211,8 @@ func renderTimingEnv(t infra.Timing, breaks []infra.Rule) ([]byte, error) {
 		{"MYTHEX_REENTRY_POLL_MS", ms(t.ReentryPoll())},
 		{"MYTHEX_REENTRY_WAIT_MS", ms(t.ReentryWait())},
 		{"MYTHEX_WATCHDOG_INTERVAL_MS", ms(t.WatchdogInterval)},
+		{"MYTHEX_DEPLOY_DOWNTIME_MS", ms(t.DeployDowntime())},
+		{"MYTHEX_SERVER_DEPLOY_MAX_MS", ms(t.ServerDeployMax())},
 		{"MYTHEX_WATCHDOG_STRIKES", strconv.Itoa(t.WatchdogStrikes)},
 		{"MYTHEX_HEALTH_PATH", infra.HealthPath},
 		{"MYTHEX_HEALTHY_STATUS", strconv.Itoa(infra.HealthyStatus)},
@@ -252,6 +255,73 @@ WantedBy=timers.target
 `, span(t.WatchdogInterval), span(accuracy)), nil
 }
 
+// WatchdogTimeouts are the systemd bounds of one watchdog run: start is
+// TimeoutStartSec, stop is TimeoutStopSec. The watchdog bounds its own lock
+// hold by DeployDowntime; systemd's start timeout is the backstop past it,
+// half of the lock wait's margin later, and the stop timeout (SIGTERM to
+// SIGKILL) takes the other half, so a wedged watchdog has let go of the lock
+// before a deploy that began waiting when it started gives up.
+func WatchdogTimeouts(t infra.Timing) (start, stop time.Duration) {
+	half := ((t.LockWait - t.DeployDowntime()) / 2).Truncate(time.Millisecond)
+	// A zero margin would render 0, which systemd reads as no timeout.
+	half = max(half, time.Millisecond)
+	return t.DeployDowntime() + half, half
+}
+
+// RenderService renders the watchdog's systemd unit. bootstrap replaces
+// @MYTHEX_ROOT@ with the server's directory, inside the quotes systemd reads.
+func RenderService(t infra.Timing) ([]byte, error) { return renderService(t, nil) }
+
+func renderService(t infra.Timing, breaks []infra.Rule) ([]byte, error) {
+	if err := checkRenderable(t, breaks); err != nil {
+		return nil, err
+	}
+	start, stop := WatchdogTimeouts(t)
+	return fmt.Appendf(nil, `# Generated from the timing contract (infra.Timing) by `+"`go generate ./hooks`"+`:
+# do not edit. The Mythex watchdog, one run per tick of mythex-watchdog.timer.
+# bootstrap installs this unit with @MYTHEX_ROOT@ replaced by the server's
+# directory.
+[Unit]
+Description=Mythex watchdog: restart a service only after consecutive failed checks
+After=docker.service
+Wants=docker.service
+
+[Service]
+Type=oneshot
+Environment="MYTHEX_ROOT=@MYTHEX_ROOT@"
+ExecStart="@MYTHEX_ROOT@/hooks/watchdog"
+# The watchdog bounds its own lock hold by DeployDowntime (%[3]s); this is
+# the backstop, and with TimeoutStopSec it ends within LockWait (%[4]s).
+TimeoutStartSec=%[1]s
+TimeoutStopSec=%[2]s
+# It runs as root only to talk to the Docker socket and write its own
+# state: no capability, no new privilege, a read-only system but for
+# MYTHEX_ROOT.
+User=root
+NoNewPrivileges=yes
+CapabilityBoundingSet=
+AmbientCapabilities=
+ProtectSystem=strict
+ReadWritePaths="@MYTHEX_ROOT@"
+ProtectHome=read-only
+PrivateTmp=yes
+PrivateDevices=yes
+ProtectKernelTunables=yes
+ProtectKernelModules=yes
+ProtectKernelLogs=yes
+ProtectControlGroups=yes
+ProtectClock=yes
+ProtectHostname=yes
+RestrictSUIDSGID=yes
+RestrictRealtime=yes
+RestrictNamespaces=yes
+LockPersonality=yes
+SystemCallArchitectures=native
+RestrictAddressFamilies=AF_UNIX AF_INET AF_INET6
+UMask=0022
+`, span(start), span(stop), span(t.DeployDowntime()), span(t.LockWait)), nil
+}
+
 // Generated returns every file go generate writes into hooks/, by name.
 func Generated(t infra.Timing) (map[string][]byte, error) { return generated(t, nil) }
 
@@ -268,11 +338,16 @@ func generated(t infra.Timing, breaks []infra.Rule) (map[string][]byte, error) {
 	if err != nil {
 		return nil, err
 	}
+	service, err := renderService(t, breaks)
+	if err != nil {
+		return nil, err
+	}
 	return map[string][]byte{
 		ComposeFile:   compose,
 		ChecksumFile:  Checksum(compose),
 		TimingEnvFile: env,
 		TimerFile:     timer,
+		ServiceFile:   service,
 	}, nil
 }
 

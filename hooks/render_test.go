@@ -23,7 +23,7 @@ import (
 func TestGeneratedFilesAreFresh(t *testing.T) {
 	files, err := Generated(infra.Prod())
 	require.NoError(t, err)
-	require.Len(t, files, 4)
+	require.Len(t, files, 5)
 	for name, want := range files {
 		got, err := os.ReadFile(name)
 		require.NoError(t, err, "read %s (run go generate ./hooks)", name)

@@ -20,8 +20,7 @@ func TestBootstrapInstallsDefinitionHooksAndUnits(t *testing.T) {
 
 	release := func(name string) string { return string(mustRead(t, filepath.Join(s.ReleaseDir, name))) }
 	installed := func(name string) string { return string(mustRead(t, filepath.Join(s.Root, name))) }
-	assert.Equal(t, release(ComposeFile), installed(ComposeFile))
-	assert.Equal(t, release(ChecksumFile), installed(ChecksumFile))
+	assert.NoFileExists(t, filepath.Join(s.Root, "current"), "bootstrap changes no running release")
 	assert.Equal(t, release(TimingEnvFile), installed("hooks/timing.env"), "the timing the release was rendered from")
 	for _, name := range []string{"deploy", "watchdog", "bootstrap", "lib.sh"} {
 		assert.Equal(t, string(mustRead(t, name)), installed("hooks/"+name), name)
@@ -31,23 +30,21 @@ func TestBootstrapInstallsDefinitionHooksAndUnits(t *testing.T) {
 	assert.Equal(t, os.FileMode(0o755), fi.Mode().Perm())
 
 	unit := installed("systemd/mythex-watchdog.service")
-	assert.Contains(t, unit, "ExecStart="+s.Root+"/hooks/watchdog\n")
-	assert.Contains(t, unit, "Environment=MYTHEX_ROOT="+s.Root+"\n")
+	assert.Contains(t, unit, `ExecStart="`+s.Root+`/hooks/watchdog"`+"\n")
+	assert.Contains(t, unit, `Environment="MYTHEX_ROOT=`+s.Root+`"`+"\n")
 	assert.NotContains(t, unit, "@MYTHEX_ROOT@")
 	assert.Equal(t, string(mustRead(t, TimerFile)), installed("systemd/"+TimerFile))
 	assert.Contains(t, res.stdout, "not enabling them", "units outside systemd's directory are not enabled")
 
-	if analyze, err := exec.LookPath("systemd-analyze"); err == nil {
-		out, err := exec.Command(analyze, "verify", "--man=no",
-			filepath.Join(s.Root, "systemd", "mythex-watchdog.service"),
-			filepath.Join(s.Root, "systemd", TimerFile)).CombinedOutput()
-		assert.NoError(t, err, "systemd-analyze verify:\n%s", out)
-	}
+	out, err := exec.Command(systemdAnalyze(t), "verify", "--man=no",
+		filepath.Join(s.Root, "systemd", ServiceFile),
+		filepath.Join(s.Root, "systemd", TimerFile)).CombinedOutput()
+	assert.NoError(t, err, "systemd-analyze verify:\n%s", out)
 
 	// The installed watchdog runs on its own, with the timing beside it.
 	cmd := exec.Command(filepath.Join(s.Root, "hooks", "watchdog"))
 	cmd.Env = append(os.Environ(), "MYTHEX_ROOT="+s.Root)
-	out, err := cmd.CombinedOutput()
+	out, err = cmd.CombinedOutput()
 	assert.NoError(t, err, "%s", out)
 	assert.Contains(t, string(out), "nothing deployed on this server yet")
 
@@ -88,26 +85,27 @@ func TestTamperedDefinitionIsRefused(t *testing.T) {
 		for _, script := range []string{"deploy", "bootstrap"} {
 			t.Run(tt.name+"/"+script, func(t *testing.T) {
 				s := newServer(t, infra.Prod().Scaled(0.2))
-				// A good definition is installed first.
+				// A good release bootstraps first.
 				res := run(t, s, nil, "bootstrap")
 				require.Equal(t, 0, res.code, "%s", res)
-				installedCompose := mustRead(t, filepath.Join(s.Root, ComposeFile))
-				installedSum := mustRead(t, filepath.Join(s.Root, ChecksumFile))
-				fi, err := os.Stat(filepath.Join(s.Root, ComposeFile))
+				hooksBefore, err := os.Readlink(filepath.Join(s.Root, "hooks"))
 				require.NoError(t, err)
 
 				// Then a tampered one is published (a new release, new timing).
 				tt.tamper(t, s.ReleaseDir)
+				require.NoError(t, os.WriteFile(filepath.Join(s.ReleaseDir, TimingEnvFile),
+					mustRender(t, RenderTimingEnv, infra.Prod().Scaled(0.1)), 0o644))
 				args := map[string][]string{"deploy": {"v2"}}[script]
 				res = run(t, s, nil, script, args...)
 				assert.Equal(t, 1, res.code, "%s", res)
 				assert.Contains(t, res.stderr, tt.wantErr)
-				assert.Equal(t, string(installedCompose), string(mustRead(t, filepath.Join(s.Root, ComposeFile))), "installed definition untouched")
-				assert.Equal(t, string(installedSum), string(mustRead(t, filepath.Join(s.Root, ChecksumFile))), "installed checksum untouched")
-				after, err := os.Stat(filepath.Join(s.Root, ComposeFile))
+				assert.NoFileExists(t, filepath.Join(s.Root, "current"), "no release switched in")
+				releases, err := os.ReadDir(filepath.Join(s.Root, "releases"))
 				require.NoError(t, err)
-				assert.Equal(t, fi.ModTime(), after.ModTime(), "installed definition not rewritten")
-				assert.NoFileExists(t, filepath.Join(s.Root, "state", "deployed.env"), "nothing deployed")
+				assert.Empty(t, releases, "no release staged")
+				hooksAfter, err := os.Readlink(filepath.Join(s.Root, "hooks"))
+				require.NoError(t, err)
+				assert.Equal(t, hooksBefore, hooksAfter, "the hooks of the tampered release are not installed")
 				dot, err := filepath.Glob(filepath.Join(s.Root, ".*"))
 				require.NoError(t, err)
 				assert.Empty(t, dot, "no temp file left behind")
@@ -204,4 +202,12 @@ func TestRolloutOneServerAtATime(t *testing.T) {
 			assert.Contains(t, stderr.String(), tt.stderr)
 		})
 	}
+}
+
+// mustRender renders one generated file for timing.
+func mustRender(t *testing.T, render func(infra.Timing) ([]byte, error), timing infra.Timing) []byte {
+	t.Helper()
+	out, err := render(timing)
+	require.NoError(t, err)
+	return out
 }

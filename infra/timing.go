@@ -187,8 +187,9 @@ func Prod() Timing {
 		// The services start in about a second; a minute covers a cold disk
 		// and image layer setup with room to spare.
 		StartTimeout: 60 * time.Second,
-		// Outlasts the longest a watchdog restart holds the lock
-		// (DeployDowntime), so a deploy arriving mid-restart waits it out
+		// Outlasts the longest a watchdog run holds the lock (DeployDowntime:
+		// it restarts every due service at once and bounds each Docker call
+		// by that deadline), so a deploy arriving mid-restart waits it out
 		// instead of failing; a stuck holder still fails the job in minutes.
 		LockWait: 2 * time.Minute,
 
@@ -679,7 +680,7 @@ func Relations() []Relation {
 			Left:   field("LockWait", func(t Timing) time.Duration { return t.LockWait }),
 			Right:  deployDowntime,
 			explain: func(t Timing) string {
-				return fmt.Sprintf("LockWait %v must cover a watchdog restart, StopGracePeriod %v + StartTimeout %v = %v",
+				return fmt.Sprintf("LockWait %v must cover the longest a watchdog run holds the lock, one restart of every due service at once: StopGracePeriod %v + StartTimeout %v = %v",
 					t.LockWait, t.StopGracePeriod, t.StartTimeout, t.DeployDowntime())
 			},
 		},

@@ -107,7 +107,7 @@ func TestValidateRejects(t *testing.T) {
 			"DeregistrationDelay 9s must cover ShutdownTimeout 10s"},
 		{"lock wait shorter than a restart", map[string]any{"LockWait": 89 * time.Second},
 			infra.RuleLockOutlasts, []string{"LockWait", "StopGracePeriod", "StartTimeout"},
-			"LockWait 1m29s must cover a watchdog restart, StopGracePeriod 30s + StartTimeout 1m0s = 1m30s"},
+			"LockWait 1m29s must cover the longest a watchdog run holds the lock, one restart of every due service at once: StopGracePeriod 30s + StartTimeout 1m0s = 1m30s"},
 		{"container check as slow as the balancer", map[string]any{"ContainerHealthInterval": 5 * time.Second},
 			infra.RuleContainerFaster, []string{"ContainerHealthInterval", "HealthCheckInterval"},
 			"ContainerHealthInterval 5s must be below HealthCheckInterval 5s"},
