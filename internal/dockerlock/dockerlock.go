@@ -29,6 +29,9 @@ var Path = filepath.Join(os.TempDir(), "mythex-docker-suites.lock")
 var (
 	once    sync.Once
 	holdErr error
+	// held keeps the locked file referenced: an *os.File the garbage
+	// collector finalizes closes its descriptor, and the lock with it.
+	held *os.File
 )
 
 // Hold takes the lock for the rest of the test binary's life, waiting for
@@ -49,6 +52,7 @@ func take(tb testing.TB) error {
 		return fmt.Errorf("open %s: %w", Path, err)
 	}
 	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err == nil {
+		held = f
 		return nil
 	} else if err != syscall.EWOULDBLOCK {
 		return fmt.Errorf("flock %s: %w", Path, err)
@@ -58,6 +62,7 @@ func take(tb testing.TB) error {
 	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX); err != nil {
 		return fmt.Errorf("flock %s: %w", Path, err)
 	}
+	held = f
 	tb.Logf("took %s after %v", Path, time.Since(start).Round(time.Millisecond))
 	return nil
 }
