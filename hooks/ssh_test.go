@@ -159,11 +159,11 @@ func (r sshRollout) run(t *testing.T, version string, servers ...simServer) resu
 	return result{code: cmd.ProcessState.ExitCode(), stdout: stdout.String(), stderr: stderr.String()}
 }
 
-// serverState is what a server is left with: the version its state names
-// and, per service, its containers' image and health.
+// serverState is what a server is left with: the version its current
+// release names and, per service, its containers' image and health.
 func serverState(t *testing.T, s simServer) (deployed string, services map[string]string) {
 	t.Helper()
-	if b, err := os.ReadFile(filepath.Join(s.Root, "state", "deployed.env")); err == nil {
+	if b, err := os.ReadFile(filepath.Join(s.Root, "current", "deployed.env")); err == nil {
 		for _, l := range lines(string(b)) {
 			if v, ok := strings.CutPrefix(l, EnvVersion+"="); ok {
 				deployed = v
@@ -189,7 +189,7 @@ func serverState(t *testing.T, s simServer) (deployed string, services map[strin
 func requireAt(t *testing.T, s simServer, version string) {
 	t.Helper()
 	deployed, services := serverState(t, s)
-	assert.Equal(t, version, deployed, "%s: state/deployed.env", s.name)
+	assert.Equal(t, version, deployed, "%s: current/deployed.env", s.name)
 	for _, role := range Roles {
 		got := services[role]
 		assert.True(t, strings.HasPrefix(got, ImageName(DefaultImagePrefix, role, version)+" Up") && strings.HasSuffix(got, "(healthy)"),
