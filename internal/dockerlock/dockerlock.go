@@ -45,6 +45,9 @@ func Hold(tb testing.TB) {
 	}
 }
 
+// holding reports whether this process holds the lock.
+func holding() bool { return held != nil }
+
 func take(tb testing.TB) error {
 	// The descriptor stays open until the process exits: that is the hold.
 	f, err := os.OpenFile(Path, os.O_CREATE|os.O_RDWR, 0o666)

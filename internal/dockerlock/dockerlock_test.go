@@ -18,6 +18,7 @@ func TestHoldSurvivesGarbageCollection(t *testing.T) {
 	dir := t.TempDir()
 	Path = dir + "/suites.lock"
 	Hold(t)
+	require.True(t, holding())
 	runtime.GC()
 	runtime.GC()
 	out, err := exec.Command("flock", "-n", Path, "true").CombinedOutput()
