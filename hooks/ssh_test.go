@@ -301,9 +301,7 @@ func TestRolloutOverSSH(t *testing.T) {
 		res := ro.run(t, tag, s7)
 		require.Equal(t, 0, res.code, "%s", res)
 		v2 := "v2-" + tag
-		for _, role := range Roles {
-			tagImage(t, ImageName(DefaultImagePrefix, role, tag), ImageName(DefaultImagePrefix, role, v2))
-		}
+		buildVersion(t, v2)
 		// Cut the connection once deploy is replacing the containers: the
 		// moment a killed deploy would leave services missing.
 		ro.onLine = func(l string) {
