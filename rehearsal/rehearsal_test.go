@@ -30,7 +30,7 @@ func repoRoot(t *testing.T) string {
 // second. prod must lose nothing; before must lose requests, or the
 // rehearsal could not tell a fix from luck.
 func TestRehearsal(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
 	defer cancel()
 	require.NoError(t, CheckDocker(ctx), "this test needs a running Docker engine")
 	dockerlock.Hold(t)
