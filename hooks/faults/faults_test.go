@@ -440,7 +440,7 @@ func killAtEachStep(t *testing.T, tag string, sig syscall.Signal) {
 			if sig == syscall.SIGTERM {
 				code := cmd.ProcessState.ExitCode()
 				if code == 0 {
-					assert.Contains(t, stderr.String(), "finishes first")
+					assert.Contains(t, stderr.String(), "the deploy finished first")
 					assert.Equal(t, to, currentVersion(t, s), "finished")
 				} else {
 					assert.Contains(t, stderr.String(), "nothing was changed")
