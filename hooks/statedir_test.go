@@ -95,3 +95,30 @@ func TestDeployThatCannotRecordTheOldContainersChangesNothing(t *testing.T) {
 	assert.NotContains(t, res.stdout, "interrupted")
 	assert.Equal(t, before, containers(t, s), "the watchdog had nothing to do")
 }
+
+// A release directory that lacks its values (what a deploy killed while
+// pruning it leaves: rm removes a directory's files one by one) is staged
+// again, never used as it is. Used as it was, compose could not read the
+// values, and every deploy of that release failed the same way until
+// someone removed the directory. The images' registry refuses at once, so
+// each deploy stops at the pull, before any container.
+func TestHalfRemovedReleaseIsStagedAgain(t *testing.T) {
+	requireDocker(t)
+	s := newServer(t, dockerTiming)
+	s.ImagePrefix = "127.0.0.1:1/mythex"
+	res := run(t, s, nil, "deploy", "v1")
+	require.Equal(t, 1, res.code, "%s", res)
+	require.Contains(t, res.stderr, "cannot pull 127.0.0.1:1/mythex/")
+	staged, err := filepath.Glob(filepath.Join(s.Root, "releases", "v1-*"))
+	require.NoError(t, err)
+	require.Len(t, staged, 1, "the release was staged")
+	values := filepath.Join(staged[0], "deployed.env")
+	want := mustRead(t, values)
+	require.NoError(t, os.Remove(values))
+
+	res = run(t, s, nil, "deploy", "v1")
+	assert.Equal(t, 1, res.code, "%s", res)
+	assert.NotContains(t, res.stderr, "compose config failed")
+	assert.Contains(t, res.stderr, "cannot pull 127.0.0.1:1/mythex/", "the deploy got as far as before")
+	assert.Equal(t, string(want), string(mustRead(t, values)), "the release is whole again")
+}
