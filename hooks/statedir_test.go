@@ -1,6 +1,7 @@
 package hooks
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"os"
@@ -121,4 +122,33 @@ func TestHalfRemovedReleaseIsStagedAgain(t *testing.T) {
 	assert.NotContains(t, res.stderr, "compose config failed")
 	assert.Contains(t, res.stderr, "cannot pull 127.0.0.1:1/mythex/", "the deploy got as far as before")
 	assert.Equal(t, string(want), string(mustRead(t, values)), "the release is whole again")
+}
+
+// An old container's log that Docker cannot read (its logging driver has
+// no read support, as "none", or a remote driver with its local cache
+// turned off) cannot show the requests the container cut at its shutdown
+// timeout: the deploy fails naming it, rather than report a clean drain it
+// could not check. Before, the failed `docker logs` went unnoticed and the
+// deploy passed.
+func TestDeployFailsWhenOldLogsCannotBeRead(t *testing.T) {
+	tag := images(t)
+	s := newServer(t, dockerTiming)
+	compose := mustRender(t, RenderCompose, dockerTiming)
+	api := []byte("\n  " + BalancerRole + ":\n")
+	require.Contains(t, string(compose), string(api))
+	compose = bytes.Replace(compose, api, append(api, "    logging:\n      driver: none\n"...), 1)
+	require.NoError(t, os.WriteFile(filepath.Join(s.ReleaseDir, ComposeFile), compose, 0o644))
+	require.NoError(t, os.WriteFile(filepath.Join(s.ReleaseDir, ChecksumFile), Checksum(compose), 0o644))
+	deploy(t, s, tag)
+	old := containers(t, s)
+
+	res := run(t, s, nil, "deploy", tag)
+	assert.Equal(t, 1, res.code, "%s", res)
+	assert.Contains(t, res.stderr, BalancerRole+": old container "+old[BalancerRole][:12]+" exited 0 but its log could not be read: cannot tell whether it cut requests")
+	assert.Contains(t, res.stderr, "configured logging driver does not support reading")
+	for _, role := range Roles {
+		if role != BalancerRole {
+			assert.NotContains(t, res.stderr, role+": old container", "only api's log is unreadable")
+		}
+	}
 }
