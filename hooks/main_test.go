@@ -14,6 +14,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -139,6 +140,17 @@ func tagImage(t *testing.T, src, dst string) {
 	tagsMu.Lock()
 	extraTags = append(extraTags, dst)
 	tagsMu.Unlock()
+}
+
+// scaledWithoutContainers is Prod scaled by f for scripts that start no
+// container. Scaled keeps the container health check's numbers, the host's
+// cost of a check; with nothing checked they shrink with the rest, and the
+// timing stays valid below the scale a real check allows.
+func scaledWithoutContainers(f float64) infra.Timing {
+	t := infra.Prod().Scaled(f)
+	t.ContainerHealthInterval = time.Duration(float64(t.ContainerHealthInterval) * f)
+	t.ContainerHealthTimeout = t.ContainerHealthInterval
+	return t
 }
 
 // freePort asks the kernel for a loopback port nobody listens on.

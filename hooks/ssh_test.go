@@ -252,7 +252,7 @@ func TestRolloutOverSSH(t *testing.T) {
 		// The server's lock is held (a watchdog restart, say) past the lock
 		// wait: deploy's 75 comes back as 75. A short timing keeps the wait
 		// short; compose still gets whole seconds.
-		short := infra.Prod().Scaled(0.1)
+		short := scaledWithoutContainers(0.1)
 		s5 := newSimServer(t, 5)
 		ro := ro
 		ro.hooks = releaseHooks(t, short)
