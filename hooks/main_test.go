@@ -74,6 +74,16 @@ func requireDocker(t *testing.T) {
 	dockerlock.Hold(t)
 }
 
+// parallel lets t run beside the package's other Docker tests, holding
+// that many of the machine's budget of simulated servers until it ends
+// (dockerlock.Parallel): a test asks for every server it has running at
+// once.
+func parallel(t *testing.T, servers int) {
+	t.Helper()
+	requireDocker(t)
+	dockerlock.Parallel(t, servers)
+}
+
 // Faulty images for the deploy's failure tests, built from the same static
 // binary: "unhealthy" serves but its health check cannot run (/service is
 // missing), "broken" cannot start at all, and "flapping" serves while its
@@ -153,13 +163,30 @@ func scaledWithoutContainers(f float64) infra.Timing {
 	return t
 }
 
-// freePort asks the kernel for a loopback port nobody listens on.
+// ports are the ports freePort handed out: nothing listens on one until
+// its test's first deploy, so the kernel may offer it again to a test
+// running beside.
+var ports = struct {
+	sync.Mutex
+	given map[int]bool
+}{given: map[int]bool{}}
+
+// freePort asks the kernel for a loopback port nobody listens on and no
+// other test of this binary was given.
 func freePort(t *testing.T) int {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
+	ports.Lock()
+	defer ports.Unlock()
+	for {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		require.NoError(t, err)
+		port := l.Addr().(*net.TCPAddr).Port
+		require.NoError(t, l.Close())
+		if !ports.given[port] {
+			ports.given[port] = true
+			return port
+		}
+	}
 }
 
 // serverTools are the commands the hooks run on a server, each with the

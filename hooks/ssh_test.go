@@ -198,6 +198,8 @@ func requireAt(t *testing.T, s simServer, version string) {
 }
 
 func TestRolloutOverSSH(t *testing.T) {
+	// s1 and s2 run at once; they are gone before s7 runs.
+	parallel(t, 2)
 	tag := images(t)
 	ssh := startSSHD(t)
 	tm := infra.Prod().Scaled(0.2)
@@ -230,6 +232,9 @@ func TestRolloutOverSSH(t *testing.T) {
 			st := fi.Sys().(*syscall.Stat_t)
 			assert.Equal(t, uint32(os.Geteuid()), st.Uid, "%s owner", e.Name())
 			assert.Zero(t, fi.Mode().Perm()&0o022, "%s mode %v", e.Name(), fi.Mode().Perm())
+		}
+		for _, s := range []simServer{s1, s2} {
+			require.NoError(t, s.Remove(context.Background()), "remove %s's containers", s.name)
 		}
 	})
 
