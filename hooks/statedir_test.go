@@ -46,6 +46,7 @@ func changedDefinition(t *testing.T, s Server) Server {
 // function called from `||`: the directory's name was empty and the
 // waiters wrote their records into /.
 func TestDeployThatCannotRecordTheOldContainersChangesNothing(t *testing.T) {
+	parallel(t, 1)
 	tag := images(t)
 	nomkdir := buildTool(t, "./hooks/internal/nomkdir")
 	s := newServer(t, dockerTiming)
@@ -131,6 +132,7 @@ func TestHalfRemovedReleaseIsStagedAgain(t *testing.T) {
 // could not check. Before, the failed `docker logs` went unnoticed and the
 // deploy passed.
 func TestDeployFailsWhenOldLogsCannotBeRead(t *testing.T) {
+	parallel(t, 1)
 	tag := images(t)
 	s := newServer(t, dockerTiming)
 	compose := mustRender(t, RenderCompose, dockerTiming)
