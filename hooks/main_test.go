@@ -34,6 +34,10 @@ var (
 )
 
 func TestMain(m *testing.M) {
+	if err := dockerlock.SetParallel(); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(2)
+	}
 	code := m.Run()
 	ctx := context.Background()
 	if imagesBuilt {

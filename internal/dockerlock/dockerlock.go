@@ -12,9 +12,11 @@
 package dockerlock
 
 import (
+	"flag"
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
 	"sync"
 	"syscall"
 	"testing"
@@ -78,6 +80,26 @@ func take(tb testing.TB) error {
 // the suite's own work runs beside them. The lock above keeps every other
 // suite out meanwhile, so this budget is the machine's.
 const Servers = 3
+
+// SetParallel lets as many of the suite's tests run at once as the
+// budget needs: go test runs at most -test.parallel of them, by default one
+// per CPU, which on this 2-core machine kind would hold two servers of the
+// three. A test waiting for servers also counts, hence twice the budget.
+// An explicit -test.parallel is kept. Call it from TestMain, before m.Run.
+func SetParallel() error {
+	if !flag.Parsed() {
+		flag.Parse()
+	}
+	explicit := false
+	flag.Visit(func(f *flag.Flag) { explicit = explicit || f.Name == "test.parallel" })
+	if explicit {
+		return nil
+	}
+	if err := flag.Set("test.parallel", strconv.Itoa(2*Servers)); err != nil {
+		return fmt.Errorf("set -test.parallel: %w", err)
+	}
+	return nil
+}
 
 var budget = struct {
 	sync.Mutex

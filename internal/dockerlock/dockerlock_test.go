@@ -84,3 +84,22 @@ func TestParallelKeepsToTheBudget(t *testing.T) {
 	assert.Zero(t, budget.used, "every server was given back")
 	assert.Zero(t, budget.waiting)
 }
+
+func TestMain(m *testing.M) {
+	if err := SetParallel(); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(2)
+	}
+	os.Exit(m.Run())
+}
+
+// SetParallel raised this binary's -test.parallel to twice the budget.
+// Run with an explicit -test.parallel N, it keeps N: say so with
+// MYTHEX_EXPECT_PARALLEL=N.
+func TestSetParallelFillsTheBudget(t *testing.T) {
+	want := strconv.Itoa(2 * Servers)
+	if n := os.Getenv("MYTHEX_EXPECT_PARALLEL"); n != "" {
+		want = n
+	}
+	assert.Equal(t, want, flag.Lookup("test.parallel").Value.String())
+}
