@@ -16,6 +16,7 @@ import (
 
 	"github.com/mythex/infra/drain"
 	"github.com/mythex/infra/hooks"
+	"github.com/mythex/infra/internal/dockerlock"
 )
 
 // changedDefinition is s publishing another release: the same images and
@@ -113,6 +114,7 @@ func deployKilledAfterRename(t *testing.T, s hooks.Server, version, mvDir, patte
 // its checksum were installed by two renames: killed between them, the
 // watchdog refused every restart until someone deployed again.
 func TestDeployKilledAfterEachRename(t *testing.T) {
+	dockerlock.Parallel(t, 1)
 	tag := images(t)
 	s := newServer(t)
 	next := changedDefinition(t, s)
