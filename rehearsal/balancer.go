@@ -113,6 +113,10 @@ func checkBalancerTiming(t infra.Timing) error {
 //
 // Every answer is logged to stdout with its method, server, status and
 // termination state, and every health transition with the server's name.
+// What the node knows of each server's health is read, at start, from
+// serverStateFile in its working directory: Reload writes it just before the
+// node takes new numbers, as the ALB keeps its targets' health across a
+// change of the target group.
 func HAProxyConfig(t infra.Timing, port int, upstreams []string) (string, error) {
 	if err := checkBalancerTiming(t); err != nil {
 		return "", err
@@ -126,14 +130,17 @@ func HAProxyConfig(t infra.Timing, port int, upstreams []string) (string, error)
 	# One thread: an ALB node's behaviour, not its throughput, is what is
 	# rehearsed, and the machine is shared.
 	nbthread 1
+	# Each server's health as the running node saw it, written by Reload.
+	server-state-file %[12]s
 
 defaults
 	mode http
 	log global
+	load-server-state-from-file global
 	option log-health-checks
 	# A connection that sends nothing (a readiness probe) is no answer.
 	option dontlognull
-	log-format "%s %%HM %%s %%ST %%ts"
+	log-format "%[1]s %%HM %%s %%ST %%ts"
 	retries 0
 	no option redispatch
 	# The ALB's connection timeout is 10 s; a loopback connect is refused or
@@ -164,7 +171,8 @@ backend %[5]s
 	# (pinned by TestFidelity).
 	default-server check inter %[8]s fall %[9]d rise %[10]d pool-purge-delay %[11]s
 `, accessLogTag, ms(t.HealthCheckTimeout), ms(t.LBIdleTimeout), port, backendName,
-		infra.HealthPath, infra.HealthyStatus, ms(t.HealthCheckInterval), t.UnhealthyThreshold, t.HealthyThreshold, ms(t.LBIdleTimeout/3))
+		infra.HealthPath, infra.HealthyStatus, ms(t.HealthCheckInterval), t.UnhealthyThreshold, t.HealthyThreshold, ms(t.LBIdleTimeout/3),
+		serverStateFile)
 	for _, u := range upstreams {
 		fmt.Fprintf(&b, "\tserver %s %s\n", u, u)
 	}
@@ -186,6 +194,13 @@ type Balancer struct {
 	done chan struct{}
 	err  error
 	logs *ringBuffer
+
+	// What Reload needs: the binary, the node's directory (its config and
+	// server-state file), its upstreams and its master CLI's address.
+	bin, dir  string
+	upstreams []string
+	master    string
+	reloading sync.Mutex
 }
 
 // URL is the base URL clients send to.
@@ -204,13 +219,20 @@ func StartBalancer(ctx context.Context, bin, name, dir string, t infra.Timing, u
 	if err != nil {
 		return nil, fmt.Errorf("balancer %s: %w", name, err)
 	}
+	masterPort, err := FreePort()
+	if err != nil {
+		return nil, fmt.Errorf("balancer %s: %w", name, err)
+	}
 	cfg, err := HAProxyConfig(t, port, upstreams)
 	if err != nil {
 		return nil, fmt.Errorf("balancer %s: %w", name, err)
 	}
-	file := filepath.Join(dir, "haproxy.cfg")
+	file := filepath.Join(dir, configFile)
 	if err := os.WriteFile(file, []byte(cfg), 0o644); err != nil {
 		return nil, fmt.Errorf("balancer %s: write config: %w", name, err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, serverStateFile), []byte(emptyServerState), 0o644); err != nil {
+		return nil, fmt.Errorf("balancer %s: write server state: %w", name, err)
 	}
 	logFile, err := os.Create(filepath.Join(dir, "haproxy.log"))
 	if err != nil {
@@ -223,10 +245,18 @@ func StartBalancer(ctx context.Context, bin, name, dir string, t infra.Timing, u
 		Log:    NewAnswerLog(),
 		done:   make(chan struct{}),
 		logs:   &ringBuffer{max: 64 << 10},
+
+		bin:       bin,
+		dir:       dir,
+		upstreams: upstreams,
+		master:    "127.0.0.1:" + strconv.Itoa(masterPort),
 	}
 	// Not CommandContext: Stop ends HAProxy with SIGTERM. -db keeps it in the
-	// foreground, logging to our pipe.
-	b.cmd = exec.Command(bin, "-db", "-f", file)
+	// foreground, logging to our pipe. -W runs it as a master and a worker:
+	// Reload has the master start a new worker with new numbers while the
+	// old one finishes its requests, every worker logging to the one pipe;
+	// -S is the master's CLI, which Reload asks.
+	b.cmd = exec.Command(bin, "-W", "-db", "-S", "ipv4@"+b.master, "-f", file)
 	b.cmd.Dir = dir
 	stdout, err := b.cmd.StdoutPipe()
 	if err != nil {
@@ -253,14 +283,21 @@ func StartBalancer(ctx context.Context, bin, name, dir string, t infra.Timing, u
 	return b, nil
 }
 
-// awaitListening polls the node's port until it accepts a connection, the
-// process exits, or timeout passes.
+// awaitListening polls the node's port and its master's CLI until both
+// accept a connection, the process exits, or timeout passes.
 func (b *Balancer) awaitListening(ctx context.Context, timeout time.Duration) error {
 	deadline := time.Now().Add(timeout)
+	pending := []string{"127.0.0.1:" + strconv.Itoa(b.Port), b.master}
 	for {
-		c, err := net.DialTimeout("tcp", "127.0.0.1:"+strconv.Itoa(b.Port), time.Second)
-		if err == nil {
+		for len(pending) > 0 {
+			c, err := net.DialTimeout("tcp", pending[0], time.Second)
+			if err != nil {
+				break
+			}
 			_ = c.Close()
+			pending = pending[1:]
+		}
+		if len(pending) == 0 {
 			return nil
 		}
 		select {
@@ -271,7 +308,7 @@ func (b *Balancer) awaitListening(ctx context.Context, timeout time.Duration) er
 		case <-time.After(50 * time.Millisecond):
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("balancer %s not listening on port %d after %v: %s", b.Name, b.Port, timeout, b.logs.String())
+			return fmt.Errorf("balancer %s not listening on %s after %v: %s", b.Name, pending[0], timeout, b.logs.String())
 		}
 	}
 }

@@ -51,9 +51,15 @@ func TestHAProxyConfigAsHAProxyReadsIt(t *testing.T) {
 	tm := oddTiming()
 	cfg, err := HAProxyConfig(tm, 18080, []string{"127.0.0.1:10001", "127.0.0.1:10002"})
 	require.NoError(t, err)
-	file := filepath.Join(t.TempDir(), "haproxy.cfg")
+	// In the node's directory, as StartBalancer lays it out: the server
+	// state a first start reads is there.
+	dir := t.TempDir()
+	file := filepath.Join(dir, configFile)
 	require.NoError(t, os.WriteFile(file, []byte(cfg), 0o644))
-	out, err := exec.Command(bin, "-c", "-f", file).CombinedOutput()
+	require.NoError(t, os.WriteFile(filepath.Join(dir, serverStateFile), []byte(emptyServerState), 0o644))
+	check := exec.Command(bin, "-c", "-f", file)
+	check.Dir = dir
+	out, err := check.CombinedOutput()
 	require.NoError(t, err, "haproxy -c: %s", out)
 	assert.NotContains(t, string(out), "WARNING", "HAProxy takes the config without a warning")
 
@@ -70,6 +76,9 @@ func TestHAProxyConfigAsHAProxyReadsIt(t *testing.T) {
 		"http-reuse always",
 		"server 127.0.0.1:10001 127.0.0.1:10001",
 		"server 127.0.0.1:10002 127.0.0.1:10002",
+		// Health survives a reload (Reload).
+		"server-state-file " + serverStateFile,
+		"load-server-state-from-file global",
 	} {
 		assert.Contains(t, cfg, want)
 	}
