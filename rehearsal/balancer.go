@@ -341,7 +341,7 @@ func FreePort() (int, error) {
 // result changes, and one per transition.
 var (
 	healthTransition = regexp.MustCompile(`^Server ` + backendName + `/(\S+) is (UP|DOWN)\b`)
-	healthCheckFail  = regexp.MustCompile(`^Health check for server ` + backendName + `/(\S+) failed\b`)
+	healthCheckFail  = regexp.MustCompile(`^Health check for server ` + backendName + `/(\S+) failed\b(?:, reason: ([^,]+))?`)
 )
 
 // consumeLog reads the node's log until r ends: health lines go to h,
@@ -356,7 +356,7 @@ func consumeLog(r io.Reader, h *HealthTracker, a *AnswerLog) {
 			continue
 		}
 		if m := healthCheckFail.FindStringSubmatch(line); m != nil {
-			h.failedCheck(m[1])
+			h.failedCheck(m[1], m[2])
 			continue
 		}
 		a.parse(line)
@@ -375,20 +375,32 @@ type HostHealth struct {
 	// FailedChecks counts the failed checks HAProxy logged: it logs a check
 	// only when its result changes the server's health count.
 	FailedChecks int
+	// LateOuts counts the outs on a check the upstream failed by not
+	// answering (connection refused or reset, timeout) rather than by
+	// answering unhealthy, as a draining server does: the node sent it
+	// requests until its listener had closed.
+	LateOuts int
 }
+
+// answeredUnhealthy is HAProxy's reason for a check the server answered
+// with a status other than the healthy one: the drain's 503.
+const answeredUnhealthy = "Layer7 wrong status"
 
 // HealthTracker mirrors a node's active health verdicts from its log. Every
 // upstream starts healthy, as in HAProxy (which takes a server out after
 // its first failed check until the first rise passes).
 type HealthTracker struct {
-	mu      sync.Mutex
-	hosts   map[string]*HostHealth
-	changed chan struct{}
+	mu    sync.Mutex
+	hosts map[string]*HostHealth
+	// lastFail is each host's last failed check's reason: HAProxy logs the
+	// check that takes a server out just before the transition.
+	lastFail map[string]string
+	changed  chan struct{}
 }
 
 // NewHealthTracker returns a tracker for upstreams.
 func NewHealthTracker(upstreams []string) *HealthTracker {
-	h := &HealthTracker{hosts: map[string]*HostHealth{}, changed: make(chan struct{})}
+	h := &HealthTracker{hosts: map[string]*HostHealth{}, lastFail: map[string]string{}, changed: make(chan struct{})}
 	for _, u := range upstreams {
 		h.hosts[u] = &HostHealth{Healthy: true}
 	}
@@ -412,15 +424,19 @@ func (h *HealthTracker) observe(host string, up bool) {
 		s.Ins++
 	} else {
 		s.Outs++
+		if !strings.HasPrefix(h.lastFail[host], answeredUnhealthy) {
+			s.LateOuts++
+		}
 	}
 	h.notifyLocked()
 }
 
-func (h *HealthTracker) failedCheck(host string) {
+func (h *HealthTracker) failedCheck(host, reason string) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if s, ok := h.hosts[host]; ok {
 		s.FailedChecks++
+		h.lastFail[host] = reason
 		h.notifyLocked()
 	}
 }

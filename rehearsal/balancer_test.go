@@ -462,6 +462,7 @@ func TestHealthTrackerReadsHAProxy(t *testing.T) {
 	down := "Server " + backendName + "/" + x + " is DOWN, reason: Layer7 wrong status, code: 503. 1 active and 0 backup servers left.\n"
 	up := "Server " + backendName + "/" + x + " is UP, reason: Layer7 check passed, code: 200. 2 active and 0 backup servers online.\n"
 	fail := "Health check for server " + backendName + "/" + x + " failed, reason: Layer4 connection problem, status: 1/2 UP.\n"
+	drained := "Health check for server " + backendName + "/" + x + " failed, reason: Layer7 wrong status, code: 503, info: \"Service Unavailable\", check duration: 0ms, status: 1/2 UP.\n"
 	tests := []struct {
 		name string
 		log  string
@@ -469,9 +470,11 @@ func TestHealthTrackerReadsHAProxy(t *testing.T) {
 	}{
 		{"starts healthy", "", HostHealth{Healthy: true}},
 		{"a failed check alone changes nothing", fail, HostHealth{Healthy: true, FailedChecks: 1}},
-		{"out on DOWN", fail + down, HostHealth{Outs: 1, FailedChecks: 1}},
-		{"DOWN twice is one transition", down + down, HostHealth{Outs: 1}},
-		{"back in on UP", down + up, HostHealth{Healthy: true, Outs: 1, Ins: 1}},
+		{"out on DOWN, late: the server no longer answered", fail + down, HostHealth{Outs: 1, LateOuts: 1, FailedChecks: 1}},
+		{"out on DOWN, in time: the server answered 503", drained + down, HostHealth{Outs: 1, FailedChecks: 1}},
+		{"the check that takes it out is what counts", drained + fail + down, HostHealth{Outs: 1, LateOuts: 1, FailedChecks: 2}},
+		{"DOWN twice is one transition", drained + down + down, HostHealth{Outs: 1, FailedChecks: 1}},
+		{"back in on UP", drained + down + up, HostHealth{Healthy: true, Outs: 1, Ins: 1, FailedChecks: 1}},
 		{"another host's lines are not ours", strings.ReplaceAll(down, x, y), HostHealth{Healthy: true}},
 		{"another backend's lines are ignored", strings.ReplaceAll(down, backendName+"/", "other/"), HostHealth{Healthy: true}},
 		{"access lines are ignored", accessLogTag + " GET " + x + " 200 --\n", HostHealth{Healthy: true}},

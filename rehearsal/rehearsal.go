@@ -439,17 +439,31 @@ func (c Config) deploy(ctx context.Context, p Profile, id string, d int, servers
 	if err := img.tag(ctx, version); err != nil {
 		return dr, err
 	}
+	err := observe(ctx, &dr, servers, lbs, load, t, true, func() error {
+		var err error
+		dr.HookSeconds, dr.ServerSeconds, err = ro.run(ctx, version)
+		return err
+	})
+	return dr, err
+}
+
+// observe runs step under the load and fills dr with what happened
+// meanwhile: the load's answers, the watchdog's runs and restarts, the
+// servers the nodes took out (and, when step deploys every server, the
+// node/server pairs where the node never did), and, once step has
+// succeeded, whether every service on every server runs dr.Version.
+func observe(ctx context.Context, dr *DeployReport, servers []*server, lbs []*Balancer, load *Load, t infra.Timing, deploys bool, step func() error) error {
 	startCounts, startByMethod := load.Counts(), load.ByMethod()
 	runs0, restarts0 := watchdogTotals(servers)
 	outs0 := outs(lbs)
-	pairs0 := outsByPair(lbs)
-	var err error
-	dr.HookSeconds, dr.ServerSeconds, err = ro.run(ctx, version)
+	pairs0, late0 := outsByPair(lbs)
+	bad0 := badGatewayByPair(lbs, servers)
+	err := step()
 	if err != nil {
 		dr.Problems = append(dr.Problems, err.Error())
 	} else {
 		for _, s := range servers {
-			for _, pr := range verify(ctx, s, version, t.ContainerHealthTimeout) {
+			for _, pr := range verify(ctx, s, dr.Version, t.ContainerHealthTimeout) {
 				dr.Problems = append(dr.Problems, s.name+": "+pr)
 			}
 		}
@@ -460,16 +474,42 @@ func (c Config) deploy(ctx context.Context, p Profile, id string, d int, servers
 	runs1, restarts1 := watchdogTotals(servers)
 	dr.WatchdogRuns, dr.WatchdogRestarts = int(runs1-runs0), int(restarts1-restarts0)
 	dr.TakenOut = outs(lbs) - outs0
-	pairs1 := outsByPair(lbs)
+	pairs1, late1 := outsByPair(lbs)
 	for _, b := range lbs {
 		for _, s := range servers {
 			k := b.Name + "/" + s.addr
-			if pairs1[k] == pairs0[k] {
+			if deploys && pairs1[k] == pairs0[k] {
 				dr.NotTakenOut = append(dr.NotTakenOut, b.Name+"/"+s.name)
+			}
+			if late1[k] > late0[k] {
+				dr.LateOut = append(dr.LateOut, b.Name+"/"+s.name)
 			}
 		}
 	}
-	return dr, err
+	for k, n := range badGatewayByPair(lbs, servers) {
+		if n -= bad0[k]; n > 0 {
+			if dr.BadGatewayBy == nil {
+				dr.BadGatewayBy = map[string]int64{}
+			}
+			dr.BadGatewayBy[k] = n
+		}
+	}
+	return err
+}
+
+// badGatewayByPair counts the 502s each node answered for each server so
+// far, by "node/server".
+func badGatewayByPair(lbs []*Balancer, servers []*server) map[string]int64 {
+	n := map[string]int64{}
+	for _, b := range lbs {
+		by := b.Log.BadGatewayByServer()
+		for _, s := range servers {
+			if by[s.addr] > 0 {
+				n[b.Name+"/"+s.name] = by[s.addr]
+			}
+		}
+	}
+	return n
 }
 
 func watchdogTotals(servers []*server) (runs, restarts int64) {
@@ -481,15 +521,16 @@ func watchdogTotals(servers []*server) (runs, restarts int64) {
 }
 
 // outsByPair counts, for each node/upstream pair, the times the node took
-// the upstream out of rotation.
-func outsByPair(lbs []*Balancer) map[string]int {
-	n := map[string]int{}
+// the upstream out of rotation, and of those the late ones.
+func outsByPair(lbs []*Balancer) (outs, late map[string]int) {
+	outs, late = map[string]int{}, map[string]int{}
 	for _, b := range lbs {
 		for addr, h := range b.Health.All() {
-			n[b.Name+"/"+addr] += h.Outs
+			outs[b.Name+"/"+addr] += h.Outs
+			late[b.Name+"/"+addr] += h.LateOuts
 		}
 	}
-	return n
+	return outs, late
 }
 
 // outs counts every time any node took any upstream out of rotation.
