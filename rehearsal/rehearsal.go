@@ -30,6 +30,9 @@ type Config struct {
 	RepoRoot string
 	// Servers (K), Deploys (D) and Rate (R, requests per second).
 	Servers, Deploys, Rate int
+	// Nodes is how many balancer nodes check the servers, each on its own
+	// as every ALB node does; 0 means DefaultNodes.
+	Nodes int
 	// Scale multiplies every duration of every profile.
 	Scale float64
 	// Profiles are run one after the other, in order.
@@ -50,6 +53,17 @@ type Config struct {
 	SSH bool
 }
 
+// DefaultNodes is the fewest nodes an ALB has: one in each of two zones.
+const DefaultNodes = 2
+
+// nodes is how many balancer nodes the rehearsal runs.
+func (c Config) nodes() int {
+	if c.Nodes == 0 {
+		return DefaultNodes
+	}
+	return c.Nodes
+}
+
 // Validate reports every problem with c at once.
 func (c Config) Validate() error {
 	var errs []error
@@ -64,6 +78,9 @@ func (c Config) Validate() error {
 	}
 	if c.Rate < 1 {
 		errs = append(errs, fieldErr("Rate", "%d must be at least 1 request per second", c.Rate))
+	}
+	if c.Nodes != 0 && c.Nodes < DefaultNodes {
+		errs = append(errs, fieldErr("Nodes", "%d must be at least %d: an ALB has a node in each of at least two zones", c.Nodes, DefaultNodes))
 	}
 	if c.Path == "" || c.Path[0] != '/' {
 		errs = append(errs, fieldErr("Path", "%q must start with /", c.Path))
@@ -293,9 +310,10 @@ func (c Config) runProfile(ctx context.Context, p Profile, id, dir string, img *
 			b.Stop()
 		}
 	}()
-	// Two nodes, each with its own checks, as every ALB node checks every
-	// target on its own.
-	for _, name := range []string{"lb1", "lb2"} {
+	// Each node with its own checks, as every ALB node checks every target
+	// on its own.
+	for i := 1; i <= c.nodes(); i++ {
+		name := fmt.Sprintf("lb%d", i)
 		b, err := StartBalancer(ctx, c.HAProxy, name, filepath.Join(dir, name), t, upstreams)
 		if err != nil {
 			return pr, err
