@@ -14,6 +14,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -188,7 +189,15 @@ type images struct {
 	tags []string
 }
 
+// tag builds version's images, once: a version two profiles deploy (a
+// transition's new release) is built for the first.
 func (im *images) tag(ctx context.Context, version string) error {
+	im.mu.Lock()
+	built := slices.Contains(im.tags, version)
+	im.mu.Unlock()
+	if built {
+		return nil
+	}
 	if err := hooks.BuildImages(ctx, im.root, version); err != nil {
 		return fmt.Errorf("build images %s: %w", version, err)
 	}
@@ -226,6 +235,24 @@ func (s *server) hook(ctx context.Context, script string, args ...string) error 
 	cmd.Stderr = cmd.Stdout
 	if err := cmd.Run(); err != nil {
 		return fmt.Errorf("%s %s on %s: %w\n%s", script, strings.Join(args, " "), s.name, err, tail(out.Bytes(), 3000))
+	}
+	return nil
+}
+
+// ship points the server at another release, as the rollout ships a
+// release to a server just before deploying it there: that deploy, and the
+// server's watchdog from then on, read it; servers not reached yet keep
+// theirs. One rename, so a hook reads the old release or the new one.
+func (s *server) ship(release string) error {
+	next := s.ReleaseDir + ".next"
+	if err := os.Remove(next); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("ship to %s: %w", s.name, err)
+	}
+	if err := os.Symlink(release, next); err != nil {
+		return fmt.Errorf("ship to %s: %w", s.name, err)
+	}
+	if err := os.Rename(next, s.ReleaseDir); err != nil {
+		return fmt.Errorf("ship to %s: %w", s.name, err)
 	}
 	return nil
 }
@@ -360,14 +387,18 @@ func (c Config) runProfile(ctx context.Context, p Profile, id, dir string, img *
 	// Bounded by the longest the whole run may take: every server deploy at
 	// its maximum.
 	bound := time.Duration(c.Deploys*len(servers)) * (t.ServerDeployMax() + t.StartTimeout)
+	// Quiet spells just under the balancer's idle timeout: the nodes then
+	// reuse upstream connections as old as they ever keep them, where a
+	// keep-alive shorter than the idle timeout would race.
+	quiet := t.LBIdleTimeout * 9 / 10
+	if p.steady {
+		quiet = 0
+	}
 	load, err := StartLoad(ctx, LoadConfig{
-		Targets: targets,
-		Mix:     APIMix(t, c.Path),
-		Rate:    c.Rate,
-		// Quiet spells just under the balancer's idle timeout: the nodes
-		// then reuse upstream connections as old as they ever keep them,
-		// where a keep-alive shorter than the idle timeout would race.
-		Quiet:      t.LBIdleTimeout * 9 / 10,
+		Targets:    targets,
+		Mix:        APIMix(t, c.Path),
+		Rate:       c.Rate,
+		Quiet:      quiet,
 		QuietEvery: 2 * t.LBIdleTimeout,
 		QuietRate:  max(1, c.Rate/20),
 		// Longer than the balancer's own bound (it answers 504 after
@@ -393,7 +424,10 @@ func (c Config) runProfile(ctx context.Context, p Profile, id, dir string, img *
 	}()
 
 	var runErr error
-	for d := 1; d <= c.Deploys && runErr == nil; d++ {
+	if p.steps != nil {
+		pr.Deploys, runErr = p.steps(ctx, &fleet{c: c, p: p, id: id, dir: dir, servers: servers, lbs: lbs, ro: ro, load: load, img: img, version: v0})
+	}
+	for d := 1; p.steps == nil && d <= c.Deploys && runErr == nil; d++ {
 		var dr DeployReport
 		dr, runErr = c.deploy(ctx, p, id, d, servers, lbs, ro, load, img)
 		pr.Deploys = append(pr.Deploys, dr)
@@ -403,6 +437,21 @@ func (c Config) runProfile(ctx context.Context, p Profile, id, dir string, img *
 	}
 	pr.Total = total(pr.Deploys)
 	return pr, runErr
+}
+
+// fleet is a profile's running rehearsal: what a profile's own steps
+// (Profile.steps) act on under the load, in place of its deploys.
+type fleet struct {
+	c       Config
+	p       Profile
+	id, dir string
+	servers []*server
+	lbs     []*Balancer
+	ro      *rollout
+	load    *Load
+	img     *images
+	// version is what every server runs.
+	version string
 }
 
 func (c Config) newServers(p Profile, id, dir, release string) ([]*server, error) {
@@ -424,6 +473,12 @@ func (c Config) newServers(p Profile, id, dir, release string) ([]*server, error
 		if err := os.MkdirAll(root, 0o755); err != nil {
 			return nil, fmt.Errorf("server dir: %w", err)
 		}
+		// Each server reads the release through its own link, so a rollout
+		// can ship another to one server at a time (server.ship).
+		link := filepath.Join(dir, name+".release")
+		if err := os.Symlink(release, link); err != nil {
+			return nil, fmt.Errorf("server release: %w", err)
+		}
 		log, err := os.Create(filepath.Join(dir, name+".log"))
 		if err != nil {
 			return nil, fmt.Errorf("server log: %w", err)
@@ -434,7 +489,7 @@ func (c Config) newServers(p Profile, id, dir, release string) ([]*server, error
 				HooksDir:   filepath.Join(c.RepoRoot, "hooks"),
 				Root:       root,
 				Project:    fmt.Sprintf("%s-%s-%s", id, p.Name, name),
-				ReleaseDir: release,
+				ReleaseDir: link,
 				AppPort:    port,
 				Bind:       "127.0.0.1",
 			},

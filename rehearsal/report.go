@@ -73,6 +73,9 @@ type DeployReport struct {
 	// Deploy is the deploy's number, from 1; 0 in a total.
 	Deploy  int    `json:"deploy,omitempty"`
 	Version string `json:"version,omitempty"`
+	// Step says what the row did when it is not a deploy of Version (a
+	// transition's steps); Version is then what every server runs after it.
+	Step string `json:"step,omitempty"`
 	Counts
 	// ByMethod splits Counts per method.
 	ByMethod map[string]Counts `json:"by_method,omitempty"`
