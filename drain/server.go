@@ -272,16 +272,33 @@ func (s *Server) Run(ctx context.Context, ln net.Listener) error {
 			onSignal(sig)
 		case <-ctxDone:
 			ctxDone = nil
-			// The signal that ended a NotifyContext is already here: name the
-			// drain after it rather than after the context.
+			// The signal that ended a NotifyContext may already be here: it
+			// is then the stop request, named after itself.
 			select {
 			case sig := <-sigs:
 				onSignal(sig)
 			default:
 			}
-			s.startDrain(ReasonContextDone + ": " + context.Cause(ctx).Error())
+			s.startDrain(contextReason(ctx))
 		}
 	}
+}
+
+// contextReason names a drain that ctx's end started. os/signal hands a
+// signal to each channel registered for it in turn, so a context from
+// signal.NotifyContext may end before the same signal reaches Run's own
+// channel (it then counts there as the first stop request, which changes
+// nothing). Such a context's cause is "<signal> signal received": the drain
+// is named after that signal, whichever channel saw it first, rather than
+// after whichever goroutine ran first.
+func contextReason(ctx context.Context) string {
+	cause := context.Cause(ctx)
+	for _, sig := range []os.Signal{syscall.SIGTERM, syscall.SIGINT} {
+		if cause != nil && cause.Error() == sig.String()+" signal received" {
+			return signalName(sig)
+		}
+	}
+	return ReasonContextDone + ": " + cause.Error()
 }
 
 func signalName(sig os.Signal) string {

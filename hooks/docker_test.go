@@ -85,6 +85,7 @@ func deploy(t *testing.T, s Server, version string) result {
 }
 
 func TestDeployReplacesAllFour(t *testing.T) {
+	parallel(t, 1)
 	tag := images(t)
 	next := tag + "-next"
 	buildVersion(t, next)
@@ -136,6 +137,8 @@ func TestDeployReplacesAllFour(t *testing.T) {
 // each deploy fails naming exactly its faulty services, all at once, and no
 // healthy one.
 func TestDeployNamesEachBrokenService(t *testing.T) {
+	// The cases hold the servers, one each.
+	t.Parallel()
 	tag := images(t)
 	tests := []struct {
 		unhealthy, broken []string
@@ -149,6 +152,7 @@ func TestDeployNamesEachBrokenService(t *testing.T) {
 	}
 	for i, tt := range tests {
 		t.Run(fmt.Sprintf("unhealthy %v, broken %v", tt.unhealthy, tt.broken), func(t *testing.T) {
+			parallel(t, 1)
 			version := fmt.Sprintf("%s-bad%d", tag, i)
 			buildVersion(t, version)
 			for _, role := range Roles {
@@ -188,6 +192,7 @@ func TestDeployNamesEachBrokenService(t *testing.T) {
 // deploy reads Docker's health events over its settle window, not one
 // sample. Its neighbours are not named.
 func TestDeployFailsAFlappingService(t *testing.T) {
+	parallel(t, 1)
 	tag := images(t)
 	version := tag + "-flap"
 	buildVersion(t, version)
@@ -207,6 +212,7 @@ func TestDeployFailsAFlappingService(t *testing.T) {
 // A grace period shorter than the drain kills the old containers: the
 // deploy sees exit code 137 and fails.
 func TestDeployReportsKilledDrain(t *testing.T) {
+	parallel(t, 1)
 	tag := images(t)
 	next := tag + "-killed"
 	buildVersion(t, next)
@@ -252,6 +258,7 @@ func waitFor(t *testing.T, within time.Duration, what string, cond func() bool) 
 }
 
 func TestWatchdogRestartsOnlyAtTheFourthStrike(t *testing.T) {
+	parallel(t, 1)
 	tag := images(t)
 	s := newServer(t, dockerTiming)
 	deploy(t, s, tag)
@@ -306,6 +313,7 @@ func TestWatchdogRestartsOnlyAtTheFourthStrike(t *testing.T) {
 // While a real deploy holds the lock, the watchdog does nothing, even for a
 // service one strike away from a restart.
 func TestWatchdogStandsAsideDuringDeploy(t *testing.T) {
+	parallel(t, 1)
 	tag := images(t)
 	next := tag + "-during"
 	buildVersion(t, next)

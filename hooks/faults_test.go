@@ -33,6 +33,7 @@ func currentVersion(t *testing.T, s Server) string {
 // drops: stdout is closed, SIGHUP arrives) finishes, and says so in
 // state/last-deploy and its log.
 func TestDeployOutlivesItsCaller(t *testing.T) {
+	parallel(t, 1)
 	tag := images(t)
 	next := tag + "-caller"
 	buildVersion(t, next)
@@ -69,6 +70,7 @@ func TestDeployOutlivesItsCaller(t *testing.T) {
 // Item 1: a version whose images cannot be pulled changes nothing, and the
 // watchdog still restarts a crashed service from what runs.
 func TestUnpullableVersionChangesNothing(t *testing.T) {
+	parallel(t, 1)
 	tag := images(t)
 	s := newServer(t, dockerTiming)
 	deploy(t, s, tag)
@@ -101,6 +103,7 @@ func TestUnpullableVersionChangesNothing(t *testing.T) {
 // restarted by one compose call, so a deploy arriving at the start of the
 // worst case (all four due, none coming back) still gets the lock.
 func TestWatchdogRestartsAllDueInOneLockHold(t *testing.T) {
+	parallel(t, 1)
 	tag := images(t)
 	version := tag + "-alldue"
 	buildVersion(t, version)
@@ -150,6 +153,7 @@ func TestWatchdogRestartsAllDueInOneLockHold(t *testing.T) {
 // Item 15: requests an old container cut at its shutdown timeout are lost
 // work: the deploy names them per service and fails.
 func TestDeployReportsCutRequests(t *testing.T) {
+	parallel(t, 1)
 	tag := images(t)
 	next := tag + "-cut"
 	buildVersion(t, next)

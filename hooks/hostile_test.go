@@ -18,15 +18,10 @@ import (
 )
 
 // fastTiming drives the scripts where no container starts: every bound is
-// a fraction of a second. No container is checked either, so the host's
-// check timeout shrinks with the rest. compose.yaml cannot be rendered from
-// it (Docker takes whole seconds), so tests write its timing.env over a
-// release rendered from dockerTiming.
-var fastTiming = func() infra.Timing {
-	t := infra.Prod().Scaled(0.01)
-	t.ContainerHealthTimeout = t.ContainerHealthInterval
-	return t
-}()
+// a fraction of a second. compose.yaml cannot be rendered from it (Docker
+// takes whole seconds), so tests write its timing.env over a release
+// rendered from dockerTiming.
+var fastTiming = scaledWithoutContainers(0.01)
 
 // useTiming makes s's scripts read their numbers from timing.
 func useTiming(t *testing.T, s Server, timing infra.Timing) {

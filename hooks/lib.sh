@@ -66,7 +66,8 @@ readonly EXIT_LOCKED=75
 # in _MS.
 readonly TIMING_KEYS=(MYTHEX_LOCK_WAIT_MS MYTHEX_START_TIMEOUT_MS
   MYTHEX_STOP_GRACE_PERIOD_MS MYTHEX_CONTAINER_HEALTH_INTERVAL_MS
-  MYTHEX_CONTAINER_HEALTH_TIMEOUT_MS MYTHEX_SETTLE_MS MYTHEX_REENTRY_POLL_MS
+  MYTHEX_CONTAINER_HEALTH_TIMEOUT_MS MYTHEX_SETTLE_MS MYTHEX_SETTLE_CHECKS
+  MYTHEX_REENTRY_POLL_MS
   MYTHEX_REENTRY_WAIT_MS MYTHEX_WATCHDOG_INTERVAL_MS
   MYTHEX_DEPLOY_DOWNTIME_MS MYTHEX_SERVER_DEPLOY_MAX_MS
   MYTHEX_WATCHDOG_STRIKES MYTHEX_HEALTH_PATH MYTHEX_HEALTHY_STATUS
@@ -200,7 +201,7 @@ load_timing() {
       continue
     fi
     case "$key" in
-      *_MS | MYTHEX_WATCHDOG_STRIKES | MYTHEX_HEALTHY_STATUS)
+      *_MS | MYTHEX_WATCHDOG_STRIKES | MYTHEX_SETTLE_CHECKS | MYTHEX_HEALTHY_STATUS)
         [[ "${!key}" =~ ^[1-9][0-9]{0,11}$ ]] || problems+=("$key=${!key} must be a positive integer") ;;
       MYTHEX_HEALTH_PATH)
         [[ "${!key}" =~ ^/[A-Za-z0-9/._-]*$ ]] || problems+=("$key=${!key} must be a URL path") ;;
@@ -322,19 +323,27 @@ run_critical_section() {
 # timeout. timeout(1) also runs CMD in a process group of its own, so a
 # signal meant for the caller's group does not cut compose off halfway.
 bounded() {
-  local ms="$1" left
+  local ms
+  ms="$(within_hold "$1")" || {
+    err "not running $2: the lock may be held no longer (bounded by the timing contract)"
+    return 137
+  }
   shift
+  timeout -s KILL "$(seconds "$ms")" "$@"
+}
+
+# within_hold prints MS milliseconds, or fewer when HOLD_DEADLINE comes
+# sooner; it fails when HOLD_DEADLINE has passed.
+within_hold() {
+  local ms="$1" left
   if ((HOLD_DEADLINE > 0)); then
     left=$((HOLD_DEADLINE - $(now_ms)))
-    if ((left <= 0)); then
-      err "not running $1: the lock may be held no longer (bounded by the timing contract)"
-      return 137
-    fi
+    ((left > 0)) || return 1
     if ((left < ms)); then
       ms="$left"
     fi
   fi
-  timeout -s KILL "$(seconds "$ms")" "$@"
+  printf '%d\n' "$ms"
 }
 
 # dq runs a quick Docker query, bounded by the start timeout: an engine that

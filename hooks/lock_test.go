@@ -147,10 +147,7 @@ func inode(t *testing.T, path string) uint64 {
 
 func TestLockHeldTooLong(t *testing.T) {
 	// Docker is not involved: a timing too fine for compose keeps the wait short.
-	timing := infra.Prod().Scaled(0.01) // LockWait 1.2 s
-	// No container is checked either, so the host's check timeout can shrink
-	// with the rest and keep the timing valid.
-	timing.ContainerHealthTimeout = timing.ContainerHealthInterval
+	timing := scaledWithoutContainers(0.01) // LockWait 1.2 s
 	s := newServer(t, infra.Prod().Scaled(0.2))
 	env, err := RenderTimingEnv(timing)
 	require.NoError(t, err)

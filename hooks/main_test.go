@@ -14,6 +14,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -33,6 +34,10 @@ var (
 )
 
 func TestMain(m *testing.M) {
+	if err := dockerlock.SetParallel(); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(2)
+	}
 	code := m.Run()
 	ctx := context.Background()
 	if imagesBuilt {
@@ -71,6 +76,16 @@ func requireDocker(t *testing.T) {
 	out, err := exec.Command("docker", "info", "--format", "{{.ServerVersion}}").CombinedOutput()
 	require.NoError(t, err, "these tests need a running Docker engine; docker info said:\n%s", out)
 	dockerlock.Hold(t)
+}
+
+// parallel lets t run beside the package's other Docker tests, holding
+// that many of the machine's budget of simulated servers until it ends
+// (dockerlock.Parallel): a test asks for every server it has running at
+// once.
+func parallel(t *testing.T, servers int) {
+	t.Helper()
+	requireDocker(t)
+	dockerlock.Parallel(t, servers)
 }
 
 // Faulty images for the deploy's failure tests, built from the same static
@@ -141,13 +156,41 @@ func tagImage(t *testing.T, src, dst string) {
 	tagsMu.Unlock()
 }
 
-// freePort asks the kernel for a loopback port nobody listens on.
+// scaledWithoutContainers is Prod scaled by f for scripts that start no
+// container. Scaled keeps the container health check's numbers, the host's
+// cost of a check; with nothing checked they shrink with the rest, and the
+// timing stays valid below the scale a real check allows.
+func scaledWithoutContainers(f float64) infra.Timing {
+	t := infra.Prod().Scaled(f)
+	t.ContainerHealthInterval = time.Duration(float64(t.ContainerHealthInterval) * f)
+	t.ContainerHealthTimeout = t.ContainerHealthInterval
+	return t
+}
+
+// ports are the ports freePort handed out: nothing listens on one until
+// its test's first deploy, so the kernel may offer it again to a test
+// running beside.
+var ports = struct {
+	sync.Mutex
+	given map[int]bool
+}{given: map[int]bool{}}
+
+// freePort asks the kernel for a loopback port nobody listens on and no
+// other test of this binary was given.
 func freePort(t *testing.T) int {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
+	ports.Lock()
+	defer ports.Unlock()
+	for {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		require.NoError(t, err)
+		port := l.Addr().(*net.TCPAddr).Port
+		require.NoError(t, l.Close())
+		if !ports.given[port] {
+			ports.given[port] = true
+			return port
+		}
+	}
 }
 
 // serverTools are the commands the hooks run on a server, each with the

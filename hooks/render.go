@@ -206,8 +206,11 @@ func renderTimingEnv(t infra.Timing, breaks []infra.Rule) ([]byte, error) {
 		// How long a deploy watches its new containers stay healthy: as
 		// long as the balancer takes to re-admit the server, so a container
 		// that cannot stay up that long fails the deploy, and the wait
-		// overlaps the re-entry the rollout waits for anyway.
+		// overlaps the re-entry the rollout waits for anyway; and for at
+		// least this many of each container's own checks, which a busy
+		// server runs later than their interval says.
 		{"MYTHEX_SETTLE_MS", ms(t.Reentry())},
+		{"MYTHEX_SETTLE_CHECKS", strconv.Itoa(t.SettleChecks())},
 		{"MYTHEX_REENTRY_POLL_MS", ms(t.ReentryPoll())},
 		{"MYTHEX_REENTRY_WAIT_MS", ms(t.ReentryWait())},
 		{"MYTHEX_WATCHDOG_INTERVAL_MS", ms(t.WatchdogInterval)},

@@ -95,7 +95,7 @@ type composeDoc struct {
 var testTimings = map[string]infra.Timing{
 	"prod":       infra.Prod(),
 	"scaled 0.2": infra.Prod().Scaled(0.2),
-	"scaled 0.1": infra.Prod().Scaled(0.1),
+	"scaled 0.4": infra.Prod().Scaled(0.4),
 }
 
 func mustDuration(t *testing.T, s string) time.Duration {

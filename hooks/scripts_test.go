@@ -94,7 +94,7 @@ func TestTamperedDefinitionIsRefused(t *testing.T) {
 				// Then a tampered one is published (a new release, new timing).
 				tt.tamper(t, s.ReleaseDir)
 				require.NoError(t, os.WriteFile(filepath.Join(s.ReleaseDir, TimingEnvFile),
-					mustRender(t, RenderTimingEnv, infra.Prod().Scaled(0.1)), 0o644))
+					mustRender(t, RenderTimingEnv, infra.Prod().Scaled(0.4)), 0o644))
 				args := map[string][]string{"deploy": {"v2"}}[script]
 				res = run(t, s, nil, script, args...)
 				assert.Equal(t, 1, res.code, "%s", res)

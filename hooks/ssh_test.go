@@ -198,6 +198,8 @@ func requireAt(t *testing.T, s simServer, version string) {
 }
 
 func TestRolloutOverSSH(t *testing.T) {
+	// s1 and s2 run at once; they are gone before s7 runs.
+	parallel(t, 2)
 	tag := images(t)
 	ssh := startSSHD(t)
 	tm := infra.Prod().Scaled(0.2)
@@ -231,6 +233,9 @@ func TestRolloutOverSSH(t *testing.T) {
 			assert.Equal(t, uint32(os.Geteuid()), st.Uid, "%s owner", e.Name())
 			assert.Zero(t, fi.Mode().Perm()&0o022, "%s mode %v", e.Name(), fi.Mode().Perm())
 		}
+		for _, s := range []simServer{s1, s2} {
+			require.NoError(t, s.Remove(context.Background()), "remove %s's containers", s.name)
+		}
 	})
 
 	t.Run("failed deploy", func(t *testing.T) {
@@ -252,7 +257,7 @@ func TestRolloutOverSSH(t *testing.T) {
 		// The server's lock is held (a watchdog restart, say) past the lock
 		// wait: deploy's 75 comes back as 75. A short timing keeps the wait
 		// short; compose still gets whole seconds.
-		short := infra.Prod().Scaled(0.1)
+		short := scaledWithoutContainers(0.1)
 		s5 := newSimServer(t, 5)
 		ro := ro
 		ro.hooks = releaseHooks(t, short)

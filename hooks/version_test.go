@@ -33,6 +33,7 @@ func buildVersion(t *testing.T, version string) {
 // built into it: the deploy's verification names every such service and
 // fails.
 func TestDeployCatchesMisTaggedImage(t *testing.T) {
+	parallel(t, 1)
 	tag := images(t)
 	misTagged := tag + "-mistagged"
 	for _, role := range Roles {

@@ -173,8 +173,11 @@ func Prod() Timing {
 		// Within LBIdleTimeout, past which the balancer has answered 504.
 		MaxRequest: 30 * time.Second,
 
-		// A loopback request every second costs nothing and lets a deploy see
-		// a new container healthy within a second of it being ready.
+		// Lets a deploy see a new container healthy within a second of it
+		// being ready. Each check is an exec into the container, about 50 ms
+		// of CPU (measured on a 2-core host): once a second, a server's four
+		// services spend a fifth of a core on it, and a faster pace would
+		// cost the services' own CPU on a busy server.
 		ContainerHealthInterval: 1 * time.Second,
 		// Docker runs the check by exec: it starts a process inside the
 		// container, which costs tens of milliseconds of CPU when the server
@@ -307,6 +310,23 @@ func (t Timing) DeployDowntime() time.Duration {
 	return t.StopGracePeriod + t.StartTimeout
 }
 
+// EarliestReentry is the soonest a balancer node sends a new target traffic
+// once it is ready: its first passed check may come at once, the others
+// follow one interval apart.
+func (t Timing) EarliestReentry() time.Duration {
+	return t.HealthCheckInterval * time.Duration(t.HealthyThreshold-1)
+}
+
+// SettleChecks is how many of its own health checks a deploy watches each
+// new container pass after it first turned healthy (besides watching it for
+// Reentry): Docker marks a container unhealthy after this many consecutive
+// failed checks (compose's retries), so a container that fails right after
+// its first passed check has shown it by then, however slowly a busy server
+// runs the checks.
+func (t Timing) SettleChecks() int {
+	return t.UnhealthyThreshold
+}
+
 // ServerDeployMin is the theoretical minimum time to deploy one server: the
 // old containers drain, then the balancer re-admits the new ones. Starting
 // containers and finishing in-flight requests are taken as instant.
@@ -326,11 +346,16 @@ func (t Timing) ServerDeployMax() time.Duration {
 // fraction of the time. The result keeps the invariants (ValidateInvariants)
 // but not AWS's limits.
 //
-// ContainerHealthTimeout is kept as it is: it bounds how long the Docker
-// engine may take to exec a health check, a cost of the host that does not
-// shrink with the timeline. Scaled with the rest (to 600 ms at 0.2), a
-// loaded test host's execs overran it and Docker marked serving containers
-// unhealthy.
+// What the balancer and the drain see scales: the balancer's checks, the
+// drain, shutdown and grace, idle and keep-alive, the deploy's and the
+// watchdog's bounds. The container health check does not: it is the
+// server's own cost, not a step of the timeline. Docker runs each check by
+// exec, about 50 ms of CPU however short the timeline, so its pace
+// (ContainerHealthInterval) is what the host can afford and its bound
+// (ContainerHealthTimeout) how long a busy host may take to run one. Scaled
+// with the rest (to 200 ms and 600 ms at 0.2), a dozen containers asked for
+// more exec than two cores run, checks queued past their timeout, and Docker
+// marked serving containers unhealthy.
 func (t Timing) Scaled(f float64) Timing {
 	s := func(d time.Duration) time.Duration {
 		return time.Duration(math.Round(float64(d) * f))
@@ -347,8 +372,8 @@ func (t Timing) Scaled(f float64) Timing {
 	t.AppKeepAlive = s(t.AppKeepAlive)
 	t.ReadHeaderTimeout = s(t.ReadHeaderTimeout)
 	t.MaxRequest = s(t.MaxRequest)
-	t.ContainerHealthInterval = s(t.ContainerHealthInterval)
-	// ContainerHealthTimeout is the host's: kept (see above).
+	// ContainerHealthInterval and ContainerHealthTimeout are the host's:
+	// kept (see above).
 	t.StartTimeout = s(t.StartTimeout)
 	t.LockWait = s(t.LockWait)
 	t.WatchdogInterval = s(t.WatchdogInterval)
@@ -685,12 +710,15 @@ func Relations() []Relation {
 			},
 		},
 		{
+			// Docker's first passed check comes within one container interval
+			// of a new container being ready; the balancer re-admits it no
+			// sooner than EarliestReentry.
 			Rule:   RuleContainerFaster,
-			Fields: []string{"ContainerHealthInterval", "HealthCheckInterval"},
-			Left:   interval, Right: containerInterval, Strict: true,
+			Fields: []string{"ContainerHealthInterval", "HealthCheckInterval", "HealthyThreshold"},
+			Left:   Term{"EarliestReentry", Timing.EarliestReentry}, Right: containerInterval,
 			explain: func(t Timing) string {
-				return fmt.Sprintf("ContainerHealthInterval %v must be below HealthCheckInterval %v, so a deploy sees a container healthy before the balancer does",
-					t.ContainerHealthInterval, t.HealthCheckInterval)
+				return fmt.Sprintf("ContainerHealthInterval %v must not exceed the earliest re-entry %v ((HealthyThreshold %d - 1) × HealthCheckInterval %v), so a deploy sees a new container healthy no later than the balancer sends it traffic",
+					t.ContainerHealthInterval, t.EarliestReentry(), t.HealthyThreshold, t.HealthCheckInterval)
 			},
 		},
 		{

@@ -108,9 +108,9 @@ func TestValidateRejects(t *testing.T) {
 		{"lock wait shorter than a restart", map[string]any{"LockWait": 89 * time.Second},
 			infra.RuleLockOutlasts, []string{"LockWait", "StopGracePeriod", "StartTimeout"},
 			"LockWait 1m29s must cover the longest a watchdog run holds the lock, one restart of every due service at once: StopGracePeriod 30s + StartTimeout 1m0s = 1m30s"},
-		{"container check as slow as the balancer", map[string]any{"ContainerHealthInterval": 5 * time.Second},
-			infra.RuleContainerFaster, []string{"ContainerHealthInterval", "HealthCheckInterval"},
-			"ContainerHealthInterval 5s must be below HealthCheckInterval 5s"},
+		{"container check slower than the earliest re-entry", map[string]any{"ContainerHealthInterval": 6 * time.Second},
+			infra.RuleContainerFaster, []string{"ContainerHealthInterval", "HealthCheckInterval", "HealthyThreshold"},
+			"ContainerHealthInterval 6s must not exceed the earliest re-entry 5s ((HealthyThreshold 2 - 1) × HealthCheckInterval 5s)"},
 		{"start timeout before the first check", map[string]any{"StartTimeout": 4 * time.Second},
 			infra.RuleStartCovers, []string{"StartTimeout", "ContainerHealthInterval", "ContainerHealthTimeout"},
 			"StartTimeout 4s must exceed the first container check 4s (ContainerHealthInterval 1s + ContainerHealthTimeout 3s)"},
@@ -198,8 +198,8 @@ func TestBoundaries(t *testing.T) {
 		{"deregistration a nanosecond short", map[string]any{"DeregistrationDelay": p.ShutdownTimeout - 1}, infra.RuleDeregCovers, true},
 		{"lock wait exactly a restart", map[string]any{"LockWait": p.DeployDowntime()}, infra.RuleLockOutlasts, false},
 		{"lock wait a nanosecond short", map[string]any{"LockWait": p.DeployDowntime() - 1}, infra.RuleLockOutlasts, true},
-		{"container check a nanosecond faster", map[string]any{"ContainerHealthInterval": p.HealthCheckInterval - 1}, infra.RuleContainerFaster, false},
-		{"container check as fast", map[string]any{"ContainerHealthInterval": p.HealthCheckInterval}, infra.RuleContainerFaster, true},
+		{"container check exactly the earliest re-entry", map[string]any{"ContainerHealthInterval": p.EarliestReentry()}, infra.RuleContainerFaster, false},
+		{"container check a nanosecond slower", map[string]any{"ContainerHealthInterval": p.EarliestReentry() + 1}, infra.RuleContainerFaster, true},
 		{"start a nanosecond past the first check", map[string]any{"StartTimeout": p.FirstContainerCheck() + 1}, infra.RuleStartCovers, false},
 		{"start exactly at the first check", map[string]any{"StartTimeout": p.FirstContainerCheck()}, infra.RuleStartCovers, true},
 		{"first check a nanosecond inside the start", map[string]any{"ContainerHealthTimeout": p.StartTimeout - p.ContainerHealthInterval - 1}, infra.RuleStartCovers, false},
@@ -325,6 +325,8 @@ func TestDerived(t *testing.T) {
 	assert.Equal(t, 23*time.Second, tm.WorstCaseDetection(), "7s × 3 + 2s")
 	assert.Equal(t, 7*time.Second, tm.DrainMargin(), "30s − 23s")
 	assert.Equal(t, 28*time.Second, tm.Reentry(), "4 × 7s")
+	assert.Equal(t, 21*time.Second, tm.EarliestReentry(), "(4 − 1) × 7s")
+	assert.Equal(t, 3, tm.SettleChecks(), "the unhealthy threshold: compose's retries")
 	assert.Equal(t, 30*time.Second, tm.ReentryBound())
 	assert.Equal(t, 7*time.Second, tm.ReentryPoll(), "the health-check interval")
 	tm.NodeSkew = time.Second
@@ -353,8 +355,8 @@ func TestScaled(t *testing.T) {
 			v.Field(i).SetInt(3)
 		}
 	}
-	// The one duration that is the host's, not the timeline's.
-	hostBound := map[string]bool{"ContainerHealthTimeout": true}
+	// The durations that are the host's, not the timeline's.
+	hostBound := map[string]bool{"ContainerHealthInterval": true, "ContainerHealthTimeout": true}
 	s := reflect.ValueOf(tm.Scaled(0.5))
 	for i := 0; i < s.NumField(); i++ {
 		name := s.Type().Field(i).Name
@@ -439,7 +441,7 @@ func wrongValues(p infra.Timing) map[string][]any {
 		"ReadHeaderTimeout":       {0, -time.Nanosecond, p.ShutdownTimeout},
 		"MaxRequest":              {0, -time.Nanosecond, p.LBIdleTimeout + 1},
 		"AppKeepAlive":            {0, -time.Second, p.LBIdleTimeout, p.ShutdownTimeout},
-		"ContainerHealthInterval": {0, -time.Nanosecond, p.HealthCheckInterval, p.StartTimeout - p.ContainerHealthTimeout},
+		"ContainerHealthInterval": {0, -time.Nanosecond, p.EarliestReentry() + 1, p.StartTimeout - p.ContainerHealthTimeout},
 		"ContainerHealthTimeout":  {0, -time.Nanosecond, p.StartTimeout - p.ContainerHealthInterval},
 		"StartTimeout": {0, -time.Second, p.FirstContainerCheck(), p.MaxPlannedDowntime - p.StopGracePeriod + 1,
 			p.LockWait - p.StopGracePeriod + 1},
@@ -497,6 +499,7 @@ func TestSweepStepsInwardAreValid(t *testing.T) {
 		{"KillMargin", p.KillSlack()},
 		{"StartTimeout", p.LockWait - p.StopGracePeriod},
 		{"LockWait", p.DeployDowntime()},
+		{"ContainerHealthInterval", p.EarliestReentry()},
 		{"WatchdogInterval", p.MaxPlannedDowntime/time.Duration(p.WatchdogStrikes-1) + time.Second},
 		{"MaxPlannedDowntime", p.WatchdogTolerance() - 1},
 		{"MaxPlannedDowntime", p.DeployDowntime()},

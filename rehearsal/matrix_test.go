@@ -3,8 +3,11 @@ package rehearsal
 import (
 	"bytes"
 	"encoding/json"
+	"net/url"
 	"slices"
+	"strconv"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -44,6 +47,28 @@ func TestMatrixProfilesBreakWhatTheyName(t *testing.T) {
 			require.NoError(t, writeRelease(t.TempDir(), p))
 			if len(p.Breaks) > 0 {
 				assert.Error(t, hooks.WriteRelease(t.TempDir(), p.Timing), "the ordinary renderer refuses %s", p.Name)
+			}
+		})
+	}
+}
+
+// TestMatrixProfilesServe: every row's services accept their drain
+// configuration and serve the load's every request, so a row shows the
+// symptom of the relation it breaks, not a service that refuses to start
+// (exit 2) or a request it refuses.
+func TestMatrixProfilesServe(t *testing.T) {
+	ps, err := matrixProfiles(0.2, MatrixCases())
+	require.NoError(t, err)
+	for _, p := range ps {
+		t.Run(p.Name, func(t *testing.T) {
+			cfg := p.Timing.DrainConfig()
+			require.NoError(t, cfg.Validate(), "the services refuse the row's configuration")
+			for _, k := range APIMix(p.Timing, "/work") {
+				u, err := url.Parse(k.Path)
+				require.NoError(t, err)
+				ms, err := strconv.Atoi(u.Query().Get("ms"))
+				require.NoError(t, err, k.Path)
+				assert.LessOrEqual(t, time.Duration(ms)*time.Millisecond, cfg.MaxRequest, "%s %s: longer than the app allows", k.Method, k.Path)
 			}
 		})
 	}

@@ -739,9 +739,10 @@ func checkAbout(ctx context.Context, addr, role, version string, timeout time.Du
 }
 
 // The load's mix: mostly short requests, some as long as half the shutdown
-// timeout, so that some are still in flight when a server's listener closes
-// and must finish within ShutdownTimeout; GETs and POSTs with a body, since
-// a balancer that forgives a GET may not forgive a POST.
+// timeout (or the longest the app allows, if that is shorter), so that some
+// are still in flight when a server's listener closes and must finish within
+// ShutdownTimeout; GETs and POSTs with a body, since a balancer that forgives
+// a GET may not forgive a POST.
 const (
 	shortMs  = 10
 	postBody = 1 << 10
@@ -750,7 +751,7 @@ const (
 // APIMix is the rehearsal's load on path under timing t.
 func APIMix(t infra.Timing, path string) []Kind {
 	short := fmt.Sprintf("%s?ms=%d", path, shortMs)
-	long := fmt.Sprintf("%s?ms=%d", path, (t.ShutdownTimeout / 2).Milliseconds())
+	long := fmt.Sprintf("%s?ms=%d", path, min(t.ShutdownTimeout/2, t.MaxRequest).Milliseconds())
 	return []Kind{
 		{Method: http.MethodGet, Path: short, Weight: 10},
 		{Method: http.MethodPost, Path: short, Body: postBody, Weight: 6},

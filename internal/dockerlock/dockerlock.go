@@ -12,9 +12,11 @@
 package dockerlock
 
 import (
+	"flag"
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
 	"sync"
 	"syscall"
 	"testing"
@@ -68,4 +70,71 @@ func take(tb testing.TB) error {
 	held = f
 	tb.Logf("took %s after %v", Path, time.Since(start).Round(time.Millisecond))
 	return nil
+}
+
+// Servers is how many simulated servers (a compose project of four
+// containers each) a suite runs at once. Docker runs every container's
+// health check by exec, about 50 ms of CPU each on this 2-core machine
+// kind, several times a second at the tests' timeline: twelve containers
+// (the rehearsal's three servers) are what two cores keep up with while
+// the suite's own work runs beside them. The lock above keeps every other
+// suite out meanwhile, so this budget is the machine's.
+const Servers = 3
+
+// SetParallel lets as many of the suite's tests run at once as the
+// budget needs: go test runs at most -test.parallel of them, by default one
+// per CPU, which on this 2-core machine kind would hold two servers of the
+// three. A test waiting for servers also counts, hence twice the budget.
+// An explicit -test.parallel is kept. Call it from TestMain, before m.Run.
+func SetParallel() error {
+	if !flag.Parsed() {
+		flag.Parse()
+	}
+	explicit := false
+	flag.Visit(func(f *flag.Flag) { explicit = explicit || f.Name == "test.parallel" })
+	if explicit {
+		return nil
+	}
+	if err := flag.Set("test.parallel", strconv.Itoa(2*Servers)); err != nil {
+		return fmt.Errorf("set -test.parallel: %w", err)
+	}
+	return nil
+}
+
+var budget = struct {
+	sync.Mutex
+	cond *sync.Cond
+	// used servers, and tests waiting for theirs.
+	used, waiting int
+}{}
+
+func init() { budget.cond = sync.NewCond(&budget.Mutex) }
+
+// Parallel lets t run beside the suite's other Docker tests (t.Parallel)
+// and holds n of the suite's Servers until t ends, waiting until that many
+// are free. A test asks for every server it will have running at once, and
+// holds them for its whole life: taking them in two steps could deadlock
+// two tests that each hold a part. A test whose subtests take servers holds
+// none itself.
+func Parallel(t *testing.T, n int) {
+	t.Helper()
+	if n < 1 || n > Servers {
+		t.Fatalf("dockerlock.Parallel: %d servers; a test may hold 1 to %d", n, Servers)
+	}
+	Hold(t)
+	t.Parallel()
+	budget.Lock()
+	for budget.used+n > Servers {
+		budget.waiting++
+		budget.cond.Wait()
+		budget.waiting--
+	}
+	budget.used += n
+	budget.Unlock()
+	t.Cleanup(func() {
+		budget.Lock()
+		budget.used -= n
+		budget.Unlock()
+		budget.cond.Broadcast()
+	})
 }
