@@ -25,7 +25,8 @@ import (
 // by the load and the nodes' logs; the safe one answers none, loses no
 // request to the nodes' reload and verifies every service after each step.
 func TestTransition(t *testing.T) {
-	dockerlock.Hold(t)
+	// Each order runs its two servers, one order after the other.
+	dockerlock.Parallel(t, TransitionServers)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
 	require.NoError(t, CheckDocker(ctx), "this test needs a running Docker engine")
