@@ -12,6 +12,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -375,16 +376,16 @@ type HostHealth struct {
 	// FailedChecks counts the failed checks HAProxy logged: it logs a check
 	// only when its result changes the server's health count.
 	FailedChecks int
-	// LateOuts counts the outs on a check the upstream failed by not
-	// answering (connection refused or reset, timeout) rather than by
-	// answering unhealthy, as a draining server does: the node sent it
-	// requests until its listener had closed.
+	// LateOuts counts the outs on a check the upstream refused or reset
+	// (its listener had closed) rather than answered unhealthy, as a
+	// draining server does: the node sent it requests until then. An out
+	// on a check that timed out is neither: a loaded host may be slow.
 	LateOuts int
 }
 
-// answeredUnhealthy is HAProxy's reason for a check the server answered
-// with a status other than the healthy one: the drain's 503.
-const answeredUnhealthy = "Layer7 wrong status"
+// listenerGone are HAProxy's reasons for a check whose connection was
+// refused or reset: nothing listens on the port any more.
+var listenerGone = []string{"Layer4 connection problem", "Socket error"}
 
 // HealthTracker mirrors a node's active health verdicts from its log. Every
 // upstream starts healthy, as in HAProxy (which takes a server out after
@@ -424,7 +425,7 @@ func (h *HealthTracker) observe(host string, up bool) {
 		s.Ins++
 	} else {
 		s.Outs++
-		if !strings.HasPrefix(h.lastFail[host], answeredUnhealthy) {
+		if slices.Contains(listenerGone, h.lastFail[host]) {
 			s.LateOuts++
 		}
 	}

@@ -462,6 +462,8 @@ func TestHealthTrackerReadsHAProxy(t *testing.T) {
 	down := "Server " + backendName + "/" + x + " is DOWN, reason: Layer7 wrong status, code: 503. 1 active and 0 backup servers left.\n"
 	up := "Server " + backendName + "/" + x + " is UP, reason: Layer7 check passed, code: 200. 2 active and 0 backup servers online.\n"
 	fail := "Health check for server " + backendName + "/" + x + " failed, reason: Layer4 connection problem, status: 1/2 UP.\n"
+	reset := "Health check for server " + backendName + "/" + x + " failed, reason: Socket error, info: \"Connection reset by peer\", check duration: 0ms, status: 0/2 DOWN.\n"
+	timeout := "Health check for server " + backendName + "/" + x + " failed, reason: Layer7 timeout, check duration: 602ms, status: 0/2 DOWN.\n"
 	drained := "Health check for server " + backendName + "/" + x + " failed, reason: Layer7 wrong status, code: 503, info: \"Service Unavailable\", check duration: 0ms, status: 1/2 UP.\n"
 	tests := []struct {
 		name string
@@ -473,6 +475,8 @@ func TestHealthTrackerReadsHAProxy(t *testing.T) {
 		{"out on DOWN, late: the server no longer answered", fail + down, HostHealth{Outs: 1, LateOuts: 1, FailedChecks: 1}},
 		{"out on DOWN, in time: the server answered 503", drained + down, HostHealth{Outs: 1, FailedChecks: 1}},
 		{"the check that takes it out is what counts", drained + fail + down, HostHealth{Outs: 1, LateOuts: 1, FailedChecks: 2}},
+		{"a reset is late too", drained + reset + down, HostHealth{Outs: 1, LateOuts: 1, FailedChecks: 2}},
+		{"a timeout is not late: a loaded host may be slow", timeout + down, HostHealth{Outs: 1, FailedChecks: 1}},
 		{"DOWN twice is one transition", drained + down + down, HostHealth{Outs: 1, FailedChecks: 1}},
 		{"back in on UP", drained + down + up, HostHealth{Healthy: true, Outs: 1, Ins: 1, FailedChecks: 1}},
 		{"another host's lines are not ours", strings.ReplaceAll(down, x, y), HostHealth{Healthy: true}},

@@ -98,9 +98,9 @@ type DeployReport struct {
 	// exceed servers × nodes.
 	NotTakenOut []string `json:"not_taken_out,omitempty"`
 	// LateOut names each node/server pair where the node took the server
-	// out only once it no longer answered (its listener had closed), not on
-	// its drain's 503 (HostHealth.LateOuts): the node was late, whether or
-	// not a request fell in the gap.
+	// out only once its listener had closed (a check refused or reset), not
+	// on its drain's 503 (HostHealth.LateOuts): the node was late, whether
+	// or not a request fell in the gap.
 	LateOut []string `json:"late_out,omitempty"`
 	// BadGatewayBy counts the 502s per node/server pair ("lb1/s2"), from the
 	// nodes' logs: which node sent to which server after its listener
