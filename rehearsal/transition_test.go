@@ -48,6 +48,9 @@ func TestTransition(t *testing.T) {
 	require.NoError(t, r.WriteTable(&table))
 	t.Logf("%v\n%s", time.Since(start).Round(time.Second), table.String())
 	require.NoError(t, err, "progress:\n%s", progress.String())
+	for _, o := range r.Orders {
+		require.Empty(t, o.Error, "%s stopped; progress:\n%s", o.Order, progress.String())
+	}
 
 	old, new := ExampleChange()
 	verdict, err := infra.CheckTransition(old, new)

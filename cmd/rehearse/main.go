@@ -157,6 +157,11 @@ func runTransition(c rehearsal.Config, set map[string]bool, asJSON bool, stdout,
 		fmt.Fprintf(stderr, "rehearse: %v\n", err)
 		return 1
 	}
+	for _, o := range r.Orders {
+		if o.Error != "" {
+			fmt.Fprintf(stderr, "rehearse: %s: %s\n", o.Order, o.Error)
+		}
+	}
 	if r.Failed() {
 		fmt.Fprintln(stderr, "rehearse: FAILED: an order did not show what infra.CheckTransition says of it")
 		return 1
