@@ -392,9 +392,14 @@ func TestKeepAliveIdleTimeoutIsTheContracts(t *testing.T) {
 		assert.Equal(t, infra.Prod().AppKeepAlive, srv.IdleTimeout())
 	})
 	t.Run("measured", func(t *testing.T) {
-		// Scaled so an idle connection times out in under a second.
+		// Scaled so an idle connection times out in under a second. The
+		// header bound, 50 ms at that scale, is not what is measured: as
+		// long as the keep-alive, it cannot cut the first request of a busy
+		// machine's client before it is sent.
 		timing := infra.Prod().Scaled(0.01)
-		r := start(t, timing.DrainConfig(), routes(newGate()))
+		cfg := timing.DrainConfig()
+		cfg.ReadHeaderTimeout = cfg.KeepAlive
+		r := start(t, cfg, routes(newGate()))
 		c := dial(t, r.addr)
 		_, err := c.Get("/work")
 		require.NoError(t, err)

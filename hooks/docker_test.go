@@ -247,13 +247,14 @@ func strikes(t *testing.T, s Server) string {
 	return string(mustRead(t, filepath.Join(s.Root, "state", "strikes")))
 }
 
-// waitFor polls cond until it holds or the deadline passes.
+// waitFor polls cond until it holds or the deadline passes, ten times per
+// drain: a phase as short as the drain is not stepped over.
 func waitFor(t *testing.T, within time.Duration, what string, cond func() bool) {
 	t.Helper()
 	deadline := time.Now().Add(within)
 	for !cond() {
 		require.True(t, time.Now().Before(deadline), "%s: not within %v", what, within)
-		time.Sleep(dockerTiming.ContainerHealthInterval)
+		time.Sleep(dockerTiming.Drain / 10)
 	}
 }
 

@@ -461,24 +461,27 @@ remove_debris() {
 }
 
 # wait_healthy polls Docker's health status of the services named until all
-# are healthy, up to MYTHEX_START_TIMEOUT_MS (or HOLD_DEADLINE).
+# are healthy, up to MYTHEX_START_TIMEOUT_MS (or HOLD_DEADLINE). On failure
+# WAIT_PENDING names the services not known healthy: those of Docker's last
+# answer, all of them if it never answered.
 wait_healthy() {
-  local deadline problems pending
+  local deadline problems pending="$*" answered=0
   deadline="$(($(now_ms) + MYTHEX_START_TIMEOUT_MS))"
   if ((HOLD_DEADLINE > 0 && HOLD_DEADLINE < deadline)); then
     deadline="$HOLD_DEADLINE"
   fi
   while :; do
     if problems="$(service_problems "$@")"; then
+      answered=1
       pending="$(cut -d ' ' -f 1 <<<"$problems" | tr '\n' ' ')"
       pending="${pending% }"
       [[ -n "$pending" ]] || return 0
     else
-      pending="(Docker did not answer)"
+      answered=0
     fi
     if (($(now_ms) >= deadline)); then
       WAIT_PENDING="$pending"
-      err "not healthy after $(seconds "$MYTHEX_START_TIMEOUT_MS")s: $pending"
+      err "not healthy after $(seconds "$MYTHEX_START_TIMEOUT_MS")s: $pending$( ((answered)) || echo " (Docker did not answer the last check)")"
       return 1
     fi
     sleep "$(seconds "$MYTHEX_CONTAINER_HEALTH_INTERVAL_MS")" || return 1

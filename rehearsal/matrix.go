@@ -86,7 +86,9 @@ func MatrixCases() []Case {
 			},
 			observe: func(p ProfileReport) (string, bool) {
 				n := p.Terminations["SH"]
-				return fmt.Sprintf("%d 502 with the request outstanding (SH), %d 502 in all", n, p.Total.BadGateway), n > 0
+				// Terminations cover the whole run, the load before the first
+				// deploy included; Total only the deploys.
+				return fmt.Sprintf("%d answers the server cut with the request outstanding (SH) over the run; %d 502 during the deploys", n, p.Total.BadGateway), n > 0
 			},
 		},
 		{

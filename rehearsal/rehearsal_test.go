@@ -31,10 +31,12 @@ func repoRoot(t *testing.T) string {
 // prod must lose nothing, and each profile that breaks a relation must show
 // what users would see, or the rehearsal could not tell a fix from luck.
 func TestMatrix(t *testing.T) {
+	require.NoError(t, CheckDocker(context.Background()), "this test needs a running Docker engine")
+	dockerlock.Hold(t)
+	// Bounded from here: the wait for the other Docker suites is go test's
+	// to bound (-timeout), not this test's.
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
 	defer cancel()
-	require.NoError(t, CheckDocker(ctx), "this test needs a running Docker engine")
-	dockerlock.Hold(t)
 
 	var progress bytes.Buffer
 	c := Config{

@@ -47,6 +47,10 @@ var (
 )
 
 func TestMain(m *testing.M) {
+	if err := dockerlock.SetParallel(); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(2)
+	}
 	code := m.Run()
 	ctx := context.Background()
 	if built {
@@ -377,12 +381,14 @@ var killPoints = []killPoint{
 // release leaves. SIGTERM never needs the watchdog: the deploy stops
 // before changing anything, or finishes, and says which.
 func TestDeployKilledAtEachStep(t *testing.T) {
+	// Each signal's server holds one of the suite's servers.
+	t.Parallel()
 	tag := images(t)
 	for _, sig := range []syscall.Signal{syscall.SIGKILL, syscall.SIGTERM} {
 		// One server per signal, the two side by side: each case waits on
 		// drains and health checks far more than it computes.
 		t.Run(sig.String(), func(t *testing.T) {
-			t.Parallel()
+			dockerlock.Parallel(t, 1)
 			killAtEachStep(t, tag, sig)
 		})
 	}
