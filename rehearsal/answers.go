@@ -76,12 +76,15 @@ type AnswerLog struct {
 	lines    int64
 	mismatch map[string]int64
 	terms    map[string]int64
-	changed  chan struct{}
+	// badGateway counts the ALB's 502s per server.
+	badGateway map[string]int64
+	changed    chan struct{}
 }
 
 // NewAnswerLog returns an empty log.
 func NewAnswerLog() *AnswerLog {
-	return &AnswerLog{alb: map[string]Counts{}, sent: map[string]Counts{}, mismatch: map[string]int64{}, terms: map[string]int64{}, changed: make(chan struct{})}
+	return &AnswerLog{alb: map[string]Counts{}, sent: map[string]Counts{}, mismatch: map[string]int64{}, terms: map[string]int64{},
+		badGateway: map[string]int64{}, changed: make(chan struct{})}
 }
 
 func (l *AnswerLog) parse(line string) {
@@ -98,6 +101,9 @@ func (l *AnswerLog) parse(line string) {
 	}
 	if len(a.Term) >= 2 {
 		l.terms[a.Term[:2]]++
+	}
+	if a.ALBStatus() == http.StatusBadGateway {
+		l.badGateway[a.Server]++
 	}
 	l.lines++
 	close(l.changed)
@@ -120,6 +126,18 @@ func (l *AnswerLog) Mismatches() map[string]int64 {
 	defer l.mu.Unlock()
 	out := make(map[string]int64, len(l.mismatch))
 	for k, v := range l.mismatch {
+		out[k] = v
+	}
+	return out
+}
+
+// BadGatewayByServer counts the answers the ALB would have given as 502,
+// per server (by its address, as the node names it).
+func (l *AnswerLog) BadGatewayByServer() map[string]int64 {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	out := make(map[string]int64, len(l.badGateway))
+	for k, v := range l.badGateway {
 		out[k] = v
 	}
 	return out

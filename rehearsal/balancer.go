@@ -12,6 +12,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -113,6 +114,10 @@ func checkBalancerTiming(t infra.Timing) error {
 //
 // Every answer is logged to stdout with its method, server, status and
 // termination state, and every health transition with the server's name.
+// What the node knows of each server's health is read, at start, from
+// serverStateFile in its working directory: Reload writes it just before the
+// node takes new numbers, as the ALB keeps its targets' health across a
+// change of the target group.
 func HAProxyConfig(t infra.Timing, port int, upstreams []string) (string, error) {
 	if err := checkBalancerTiming(t); err != nil {
 		return "", err
@@ -126,14 +131,17 @@ func HAProxyConfig(t infra.Timing, port int, upstreams []string) (string, error)
 	# One thread: an ALB node's behaviour, not its throughput, is what is
 	# rehearsed, and the machine is shared.
 	nbthread 1
+	# Each server's health as the running node saw it, written by Reload.
+	server-state-file %[12]s
 
 defaults
 	mode http
 	log global
+	load-server-state-from-file global
 	option log-health-checks
 	# A connection that sends nothing (a readiness probe) is no answer.
 	option dontlognull
-	log-format "%s %%HM %%s %%ST %%ts"
+	log-format "%[1]s %%HM %%s %%ST %%ts"
 	retries 0
 	no option redispatch
 	# The ALB's connection timeout is 10 s; a loopback connect is refused or
@@ -164,7 +172,8 @@ backend %[5]s
 	# (pinned by TestFidelity).
 	default-server check inter %[8]s fall %[9]d rise %[10]d pool-purge-delay %[11]s
 `, accessLogTag, ms(t.HealthCheckTimeout), ms(t.LBIdleTimeout), port, backendName,
-		infra.HealthPath, infra.HealthyStatus, ms(t.HealthCheckInterval), t.UnhealthyThreshold, t.HealthyThreshold, ms(t.LBIdleTimeout/3))
+		infra.HealthPath, infra.HealthyStatus, ms(t.HealthCheckInterval), t.UnhealthyThreshold, t.HealthyThreshold, ms(t.LBIdleTimeout/3),
+		serverStateFile)
 	for _, u := range upstreams {
 		fmt.Fprintf(&b, "\tserver %s %s\n", u, u)
 	}
@@ -186,6 +195,13 @@ type Balancer struct {
 	done chan struct{}
 	err  error
 	logs *ringBuffer
+
+	// What Reload needs: the binary, the node's directory (its config and
+	// server-state file), its upstreams and its master CLI's address.
+	bin, dir  string
+	upstreams []string
+	master    string
+	reloading sync.Mutex
 }
 
 // URL is the base URL clients send to.
@@ -204,13 +220,20 @@ func StartBalancer(ctx context.Context, bin, name, dir string, t infra.Timing, u
 	if err != nil {
 		return nil, fmt.Errorf("balancer %s: %w", name, err)
 	}
+	masterPort, err := FreePort()
+	if err != nil {
+		return nil, fmt.Errorf("balancer %s: %w", name, err)
+	}
 	cfg, err := HAProxyConfig(t, port, upstreams)
 	if err != nil {
 		return nil, fmt.Errorf("balancer %s: %w", name, err)
 	}
-	file := filepath.Join(dir, "haproxy.cfg")
+	file := filepath.Join(dir, configFile)
 	if err := os.WriteFile(file, []byte(cfg), 0o644); err != nil {
 		return nil, fmt.Errorf("balancer %s: write config: %w", name, err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, serverStateFile), []byte(emptyServerState), 0o644); err != nil {
+		return nil, fmt.Errorf("balancer %s: write server state: %w", name, err)
 	}
 	logFile, err := os.Create(filepath.Join(dir, "haproxy.log"))
 	if err != nil {
@@ -223,10 +246,18 @@ func StartBalancer(ctx context.Context, bin, name, dir string, t infra.Timing, u
 		Log:    NewAnswerLog(),
 		done:   make(chan struct{}),
 		logs:   &ringBuffer{max: 64 << 10},
+
+		bin:       bin,
+		dir:       dir,
+		upstreams: upstreams,
+		master:    "127.0.0.1:" + strconv.Itoa(masterPort),
 	}
 	// Not CommandContext: Stop ends HAProxy with SIGTERM. -db keeps it in the
-	// foreground, logging to our pipe.
-	b.cmd = exec.Command(bin, "-db", "-f", file)
+	// foreground, logging to our pipe. -W runs it as a master and a worker:
+	// Reload has the master start a new worker with new numbers while the
+	// old one finishes its requests, every worker logging to the one pipe;
+	// -S is the master's CLI, which Reload asks.
+	b.cmd = exec.Command(bin, "-W", "-db", "-S", "ipv4@"+b.master, "-f", file)
 	b.cmd.Dir = dir
 	stdout, err := b.cmd.StdoutPipe()
 	if err != nil {
@@ -253,14 +284,21 @@ func StartBalancer(ctx context.Context, bin, name, dir string, t infra.Timing, u
 	return b, nil
 }
 
-// awaitListening polls the node's port until it accepts a connection, the
-// process exits, or timeout passes.
+// awaitListening polls the node's port and its master's CLI until both
+// accept a connection, the process exits, or timeout passes.
 func (b *Balancer) awaitListening(ctx context.Context, timeout time.Duration) error {
 	deadline := time.Now().Add(timeout)
+	pending := []string{"127.0.0.1:" + strconv.Itoa(b.Port), b.master}
 	for {
-		c, err := net.DialTimeout("tcp", "127.0.0.1:"+strconv.Itoa(b.Port), time.Second)
-		if err == nil {
+		for len(pending) > 0 {
+			c, err := net.DialTimeout("tcp", pending[0], time.Second)
+			if err != nil {
+				break
+			}
 			_ = c.Close()
+			pending = pending[1:]
+		}
+		if len(pending) == 0 {
 			return nil
 		}
 		select {
@@ -271,7 +309,7 @@ func (b *Balancer) awaitListening(ctx context.Context, timeout time.Duration) er
 		case <-time.After(50 * time.Millisecond):
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("balancer %s not listening on port %d after %v: %s", b.Name, b.Port, timeout, b.logs.String())
+			return fmt.Errorf("balancer %s not listening on %s after %v: %s", b.Name, pending[0], timeout, b.logs.String())
 		}
 	}
 }
@@ -304,7 +342,7 @@ func FreePort() (int, error) {
 // result changes, and one per transition.
 var (
 	healthTransition = regexp.MustCompile(`^Server ` + backendName + `/(\S+) is (UP|DOWN)\b`)
-	healthCheckFail  = regexp.MustCompile(`^Health check for server ` + backendName + `/(\S+) failed\b`)
+	healthCheckFail  = regexp.MustCompile(`^Health check for server ` + backendName + `/(\S+) failed\b(?:, reason: ([^,]+))?`)
 )
 
 // consumeLog reads the node's log until r ends: health lines go to h,
@@ -319,7 +357,7 @@ func consumeLog(r io.Reader, h *HealthTracker, a *AnswerLog) {
 			continue
 		}
 		if m := healthCheckFail.FindStringSubmatch(line); m != nil {
-			h.failedCheck(m[1])
+			h.failedCheck(m[1], m[2])
 			continue
 		}
 		a.parse(line)
@@ -338,20 +376,32 @@ type HostHealth struct {
 	// FailedChecks counts the failed checks HAProxy logged: it logs a check
 	// only when its result changes the server's health count.
 	FailedChecks int
+	// LateOuts counts the outs on a check the upstream refused or reset
+	// (its listener had closed) rather than answered unhealthy, as a
+	// draining server does: the node sent it requests until then. An out
+	// on a check that timed out is neither: a loaded host may be slow.
+	LateOuts int
 }
+
+// listenerGone are HAProxy's reasons for a check whose connection was
+// refused or reset: nothing listens on the port any more.
+var listenerGone = []string{"Layer4 connection problem", "Socket error"}
 
 // HealthTracker mirrors a node's active health verdicts from its log. Every
 // upstream starts healthy, as in HAProxy (which takes a server out after
 // its first failed check until the first rise passes).
 type HealthTracker struct {
-	mu      sync.Mutex
-	hosts   map[string]*HostHealth
-	changed chan struct{}
+	mu    sync.Mutex
+	hosts map[string]*HostHealth
+	// lastFail is each host's last failed check's reason: HAProxy logs the
+	// check that takes a server out just before the transition.
+	lastFail map[string]string
+	changed  chan struct{}
 }
 
 // NewHealthTracker returns a tracker for upstreams.
 func NewHealthTracker(upstreams []string) *HealthTracker {
-	h := &HealthTracker{hosts: map[string]*HostHealth{}, changed: make(chan struct{})}
+	h := &HealthTracker{hosts: map[string]*HostHealth{}, lastFail: map[string]string{}, changed: make(chan struct{})}
 	for _, u := range upstreams {
 		h.hosts[u] = &HostHealth{Healthy: true}
 	}
@@ -375,15 +425,19 @@ func (h *HealthTracker) observe(host string, up bool) {
 		s.Ins++
 	} else {
 		s.Outs++
+		if slices.Contains(listenerGone, h.lastFail[host]) {
+			s.LateOuts++
+		}
 	}
 	h.notifyLocked()
 }
 
-func (h *HealthTracker) failedCheck(host string) {
+func (h *HealthTracker) failedCheck(host, reason string) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if s, ok := h.hosts[host]; ok {
 		s.FailedChecks++
+		h.lastFail[host] = reason
 		h.notifyLocked()
 	}
 }

@@ -51,9 +51,15 @@ func TestHAProxyConfigAsHAProxyReadsIt(t *testing.T) {
 	tm := oddTiming()
 	cfg, err := HAProxyConfig(tm, 18080, []string{"127.0.0.1:10001", "127.0.0.1:10002"})
 	require.NoError(t, err)
-	file := filepath.Join(t.TempDir(), "haproxy.cfg")
+	// In the node's directory, as StartBalancer lays it out: the server
+	// state a first start reads is there.
+	dir := t.TempDir()
+	file := filepath.Join(dir, configFile)
 	require.NoError(t, os.WriteFile(file, []byte(cfg), 0o644))
-	out, err := exec.Command(bin, "-c", "-f", file).CombinedOutput()
+	require.NoError(t, os.WriteFile(filepath.Join(dir, serverStateFile), []byte(emptyServerState), 0o644))
+	check := exec.Command(bin, "-c", "-f", file)
+	check.Dir = dir
+	out, err := check.CombinedOutput()
 	require.NoError(t, err, "haproxy -c: %s", out)
 	assert.NotContains(t, string(out), "WARNING", "HAProxy takes the config without a warning")
 
@@ -70,6 +76,9 @@ func TestHAProxyConfigAsHAProxyReadsIt(t *testing.T) {
 		"http-reuse always",
 		"server 127.0.0.1:10001 127.0.0.1:10001",
 		"server 127.0.0.1:10002 127.0.0.1:10002",
+		// Health survives a reload (Reload).
+		"server-state-file " + serverStateFile,
+		"load-server-state-from-file global",
 	} {
 		assert.Contains(t, cfg, want)
 	}
@@ -453,6 +462,9 @@ func TestHealthTrackerReadsHAProxy(t *testing.T) {
 	down := "Server " + backendName + "/" + x + " is DOWN, reason: Layer7 wrong status, code: 503. 1 active and 0 backup servers left.\n"
 	up := "Server " + backendName + "/" + x + " is UP, reason: Layer7 check passed, code: 200. 2 active and 0 backup servers online.\n"
 	fail := "Health check for server " + backendName + "/" + x + " failed, reason: Layer4 connection problem, status: 1/2 UP.\n"
+	reset := "Health check for server " + backendName + "/" + x + " failed, reason: Socket error, info: \"Connection reset by peer\", check duration: 0ms, status: 0/2 DOWN.\n"
+	timeout := "Health check for server " + backendName + "/" + x + " failed, reason: Layer7 timeout, check duration: 602ms, status: 0/2 DOWN.\n"
+	drained := "Health check for server " + backendName + "/" + x + " failed, reason: Layer7 wrong status, code: 503, info: \"Service Unavailable\", check duration: 0ms, status: 1/2 UP.\n"
 	tests := []struct {
 		name string
 		log  string
@@ -460,9 +472,13 @@ func TestHealthTrackerReadsHAProxy(t *testing.T) {
 	}{
 		{"starts healthy", "", HostHealth{Healthy: true}},
 		{"a failed check alone changes nothing", fail, HostHealth{Healthy: true, FailedChecks: 1}},
-		{"out on DOWN", fail + down, HostHealth{Outs: 1, FailedChecks: 1}},
-		{"DOWN twice is one transition", down + down, HostHealth{Outs: 1}},
-		{"back in on UP", down + up, HostHealth{Healthy: true, Outs: 1, Ins: 1}},
+		{"out on DOWN, late: the server no longer answered", fail + down, HostHealth{Outs: 1, LateOuts: 1, FailedChecks: 1}},
+		{"out on DOWN, in time: the server answered 503", drained + down, HostHealth{Outs: 1, FailedChecks: 1}},
+		{"the check that takes it out is what counts", drained + fail + down, HostHealth{Outs: 1, LateOuts: 1, FailedChecks: 2}},
+		{"a reset is late too", drained + reset + down, HostHealth{Outs: 1, LateOuts: 1, FailedChecks: 2}},
+		{"a timeout is not late: a loaded host may be slow", timeout + down, HostHealth{Outs: 1, FailedChecks: 1}},
+		{"DOWN twice is one transition", drained + down + down, HostHealth{Outs: 1, FailedChecks: 1}},
+		{"back in on UP", drained + down + up, HostHealth{Healthy: true, Outs: 1, Ins: 1, FailedChecks: 1}},
 		{"another host's lines are not ours", strings.ReplaceAll(down, x, y), HostHealth{Healthy: true}},
 		{"another backend's lines are ignored", strings.ReplaceAll(down, backendName+"/", "other/"), HostHealth{Healthy: true}},
 		{"access lines are ignored", accessLogTag + " GET " + x + " 200 --\n", HostHealth{Healthy: true}},

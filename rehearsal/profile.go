@@ -17,6 +17,7 @@
 package rehearsal
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"math"
@@ -59,6 +60,12 @@ type Profile struct {
 	// Breaks names the relations the profile breaks on purpose; its release
 	// is rendered only if it breaks those and no other.
 	Breaks []infra.Rule
+	// steps, when set, is what the profile does under the load once its
+	// servers and nodes run, in place of Config.Deploys deploys; it returns
+	// a report per step (a transition's orders, transition.go).
+	steps func(context.Context, *fleet) ([]DeployReport, error)
+	// steady keeps the load at its rate throughout, without quiet spells.
+	steady bool
 }
 
 // Before returns the article's old setup: Prod with only the numbers the

@@ -14,6 +14,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -30,6 +31,9 @@ type Config struct {
 	RepoRoot string
 	// Servers (K), Deploys (D) and Rate (R, requests per second).
 	Servers, Deploys, Rate int
+	// Nodes is how many balancer nodes check the servers, each on its own
+	// as every ALB node does; 0 means DefaultNodes.
+	Nodes int
 	// Scale multiplies every duration of every profile.
 	Scale float64
 	// Profiles are run one after the other, in order.
@@ -50,6 +54,17 @@ type Config struct {
 	SSH bool
 }
 
+// DefaultNodes is the fewest nodes an ALB has: one in each of two zones.
+const DefaultNodes = 2
+
+// nodes is how many balancer nodes the rehearsal runs.
+func (c Config) nodes() int {
+	if c.Nodes == 0 {
+		return DefaultNodes
+	}
+	return c.Nodes
+}
+
 // Validate reports every problem with c at once.
 func (c Config) Validate() error {
 	var errs []error
@@ -64,6 +79,9 @@ func (c Config) Validate() error {
 	}
 	if c.Rate < 1 {
 		errs = append(errs, fieldErr("Rate", "%d must be at least 1 request per second", c.Rate))
+	}
+	if c.Nodes != 0 && c.Nodes < DefaultNodes {
+		errs = append(errs, fieldErr("Nodes", "%d must be at least %d: an ALB has a node in each of at least two zones", c.Nodes, DefaultNodes))
 	}
 	if c.Path == "" || c.Path[0] != '/' {
 		errs = append(errs, fieldErr("Path", "%q must start with /", c.Path))
@@ -171,7 +189,15 @@ type images struct {
 	tags []string
 }
 
+// tag builds version's images, once: a version two profiles deploy (a
+// transition's new release) is built for the first.
 func (im *images) tag(ctx context.Context, version string) error {
+	im.mu.Lock()
+	built := slices.Contains(im.tags, version)
+	im.mu.Unlock()
+	if built {
+		return nil
+	}
 	if err := hooks.BuildImages(ctx, im.root, version); err != nil {
 		return fmt.Errorf("build images %s: %w", version, err)
 	}
@@ -209,6 +235,24 @@ func (s *server) hook(ctx context.Context, script string, args ...string) error 
 	cmd.Stderr = cmd.Stdout
 	if err := cmd.Run(); err != nil {
 		return fmt.Errorf("%s %s on %s: %w\n%s", script, strings.Join(args, " "), s.name, err, tail(out.Bytes(), 3000))
+	}
+	return nil
+}
+
+// ship points the server at another release, as the rollout ships a
+// release to a server just before deploying it there: that deploy, and the
+// server's watchdog from then on, read it; servers not reached yet keep
+// theirs. One rename, so a hook reads the old release or the new one.
+func (s *server) ship(release string) error {
+	next := s.ReleaseDir + ".next"
+	if err := os.Remove(next); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("ship to %s: %w", s.name, err)
+	}
+	if err := os.Symlink(release, next); err != nil {
+		return fmt.Errorf("ship to %s: %w", s.name, err)
+	}
+	if err := os.Rename(next, s.ReleaseDir); err != nil {
+		return fmt.Errorf("ship to %s: %w", s.name, err)
 	}
 	return nil
 }
@@ -293,9 +337,10 @@ func (c Config) runProfile(ctx context.Context, p Profile, id, dir string, img *
 			b.Stop()
 		}
 	}()
-	// Two nodes, each with its own checks, as every ALB node checks every
-	// target on its own.
-	for _, name := range []string{"lb1", "lb2"} {
+	// Each node with its own checks, as every ALB node checks every target
+	// on its own.
+	for i := 1; i <= c.nodes(); i++ {
+		name := fmt.Sprintf("lb%d", i)
 		b, err := StartBalancer(ctx, c.HAProxy, name, filepath.Join(dir, name), t, upstreams)
 		if err != nil {
 			return pr, err
@@ -342,14 +387,18 @@ func (c Config) runProfile(ctx context.Context, p Profile, id, dir string, img *
 	// Bounded by the longest the whole run may take: every server deploy at
 	// its maximum.
 	bound := time.Duration(c.Deploys*len(servers)) * (t.ServerDeployMax() + t.StartTimeout)
+	// Quiet spells just under the balancer's idle timeout: the nodes then
+	// reuse upstream connections as old as they ever keep them, where a
+	// keep-alive shorter than the idle timeout would race.
+	quiet := t.LBIdleTimeout * 9 / 10
+	if p.steady {
+		quiet = 0
+	}
 	load, err := StartLoad(ctx, LoadConfig{
-		Targets: targets,
-		Mix:     APIMix(t, c.Path),
-		Rate:    c.Rate,
-		// Quiet spells just under the balancer's idle timeout: the nodes
-		// then reuse upstream connections as old as they ever keep them,
-		// where a keep-alive shorter than the idle timeout would race.
-		Quiet:      t.LBIdleTimeout * 9 / 10,
+		Targets:    targets,
+		Mix:        APIMix(t, c.Path),
+		Rate:       c.Rate,
+		Quiet:      quiet,
 		QuietEvery: 2 * t.LBIdleTimeout,
 		QuietRate:  max(1, c.Rate/20),
 		// Longer than the balancer's own bound (it answers 504 after
@@ -375,7 +424,10 @@ func (c Config) runProfile(ctx context.Context, p Profile, id, dir string, img *
 	}()
 
 	var runErr error
-	for d := 1; d <= c.Deploys && runErr == nil; d++ {
+	if p.steps != nil {
+		pr.Deploys, runErr = p.steps(ctx, &fleet{c: c, p: p, id: id, dir: dir, servers: servers, lbs: lbs, ro: ro, load: load, img: img, version: v0})
+	}
+	for d := 1; p.steps == nil && d <= c.Deploys && runErr == nil; d++ {
 		var dr DeployReport
 		dr, runErr = c.deploy(ctx, p, id, d, servers, lbs, ro, load, img)
 		pr.Deploys = append(pr.Deploys, dr)
@@ -385,6 +437,21 @@ func (c Config) runProfile(ctx context.Context, p Profile, id, dir string, img *
 	}
 	pr.Total = total(pr.Deploys)
 	return pr, runErr
+}
+
+// fleet is a profile's running rehearsal: what a profile's own steps
+// (Profile.steps) act on under the load, in place of its deploys.
+type fleet struct {
+	c       Config
+	p       Profile
+	id, dir string
+	servers []*server
+	lbs     []*Balancer
+	ro      *rollout
+	load    *Load
+	img     *images
+	// version is what every server runs.
+	version string
 }
 
 func (c Config) newServers(p Profile, id, dir, release string) ([]*server, error) {
@@ -406,6 +473,12 @@ func (c Config) newServers(p Profile, id, dir, release string) ([]*server, error
 		if err := os.MkdirAll(root, 0o755); err != nil {
 			return nil, fmt.Errorf("server dir: %w", err)
 		}
+		// Each server reads the release through its own link, so a rollout
+		// can ship another to one server at a time (server.ship).
+		link := filepath.Join(dir, name+".release")
+		if err := os.Symlink(release, link); err != nil {
+			return nil, fmt.Errorf("server release: %w", err)
+		}
 		log, err := os.Create(filepath.Join(dir, name+".log"))
 		if err != nil {
 			return nil, fmt.Errorf("server log: %w", err)
@@ -416,7 +489,7 @@ func (c Config) newServers(p Profile, id, dir, release string) ([]*server, error
 				HooksDir:   filepath.Join(c.RepoRoot, "hooks"),
 				Root:       root,
 				Project:    fmt.Sprintf("%s-%s-%s", id, p.Name, name),
-				ReleaseDir: release,
+				ReleaseDir: link,
 				AppPort:    port,
 				Bind:       "127.0.0.1",
 			},
@@ -439,17 +512,31 @@ func (c Config) deploy(ctx context.Context, p Profile, id string, d int, servers
 	if err := img.tag(ctx, version); err != nil {
 		return dr, err
 	}
+	err := observe(ctx, &dr, servers, lbs, load, t, true, func() error {
+		var err error
+		dr.HookSeconds, dr.ServerSeconds, err = ro.run(ctx, version)
+		return err
+	})
+	return dr, err
+}
+
+// observe runs step under the load and fills dr with what happened
+// meanwhile: the load's answers, the watchdog's runs and restarts, the
+// servers the nodes took out (and, when step deploys every server, the
+// node/server pairs where the node never did), and, once step has
+// succeeded, whether every service on every server runs dr.Version.
+func observe(ctx context.Context, dr *DeployReport, servers []*server, lbs []*Balancer, load *Load, t infra.Timing, deploys bool, step func() error) error {
 	startCounts, startByMethod := load.Counts(), load.ByMethod()
 	runs0, restarts0 := watchdogTotals(servers)
 	outs0 := outs(lbs)
-	pairs0 := outsByPair(lbs)
-	var err error
-	dr.HookSeconds, dr.ServerSeconds, err = ro.run(ctx, version)
+	pairs0, late0 := outsByPair(lbs)
+	bad0 := badGatewayByPair(lbs, servers)
+	err := step()
 	if err != nil {
 		dr.Problems = append(dr.Problems, err.Error())
 	} else {
 		for _, s := range servers {
-			for _, pr := range verify(ctx, s, version, t.ContainerHealthTimeout) {
+			for _, pr := range verify(ctx, s, dr.Version, t.ContainerHealthTimeout) {
 				dr.Problems = append(dr.Problems, s.name+": "+pr)
 			}
 		}
@@ -460,16 +547,42 @@ func (c Config) deploy(ctx context.Context, p Profile, id string, d int, servers
 	runs1, restarts1 := watchdogTotals(servers)
 	dr.WatchdogRuns, dr.WatchdogRestarts = int(runs1-runs0), int(restarts1-restarts0)
 	dr.TakenOut = outs(lbs) - outs0
-	pairs1 := outsByPair(lbs)
+	pairs1, late1 := outsByPair(lbs)
 	for _, b := range lbs {
 		for _, s := range servers {
 			k := b.Name + "/" + s.addr
-			if pairs1[k] == pairs0[k] {
+			if deploys && pairs1[k] == pairs0[k] {
 				dr.NotTakenOut = append(dr.NotTakenOut, b.Name+"/"+s.name)
+			}
+			if late1[k] > late0[k] {
+				dr.LateOut = append(dr.LateOut, b.Name+"/"+s.name)
 			}
 		}
 	}
-	return dr, err
+	for k, n := range badGatewayByPair(lbs, servers) {
+		if n -= bad0[k]; n > 0 {
+			if dr.BadGatewayBy == nil {
+				dr.BadGatewayBy = map[string]int64{}
+			}
+			dr.BadGatewayBy[k] = n
+		}
+	}
+	return err
+}
+
+// badGatewayByPair counts the 502s each node answered for each server so
+// far, by "node/server".
+func badGatewayByPair(lbs []*Balancer, servers []*server) map[string]int64 {
+	n := map[string]int64{}
+	for _, b := range lbs {
+		by := b.Log.BadGatewayByServer()
+		for _, s := range servers {
+			if by[s.addr] > 0 {
+				n[b.Name+"/"+s.name] = by[s.addr]
+			}
+		}
+	}
+	return n
 }
 
 func watchdogTotals(servers []*server) (runs, restarts int64) {
@@ -481,15 +594,16 @@ func watchdogTotals(servers []*server) (runs, restarts int64) {
 }
 
 // outsByPair counts, for each node/upstream pair, the times the node took
-// the upstream out of rotation.
-func outsByPair(lbs []*Balancer) map[string]int {
-	n := map[string]int{}
+// the upstream out of rotation, and of those the late ones.
+func outsByPair(lbs []*Balancer) (outs, late map[string]int) {
+	outs, late = map[string]int{}, map[string]int{}
 	for _, b := range lbs {
 		for addr, h := range b.Health.All() {
-			n[b.Name+"/"+addr] += h.Outs
+			outs[b.Name+"/"+addr] += h.Outs
+			late[b.Name+"/"+addr] += h.LateOuts
 		}
 	}
-	return n
+	return outs, late
 }
 
 // outs counts every time any node took any upstream out of rotation.

@@ -73,6 +73,9 @@ type DeployReport struct {
 	// Deploy is the deploy's number, from 1; 0 in a total.
 	Deploy  int    `json:"deploy,omitempty"`
 	Version string `json:"version,omitempty"`
+	// Step says what the row did when it is not a deploy of Version (a
+	// transition's steps); Version is then what every server runs after it.
+	Step string `json:"step,omitempty"`
 	Counts
 	// ByMethod splits Counts per method.
 	ByMethod map[string]Counts `json:"by_method,omitempty"`
@@ -94,6 +97,15 @@ type DeployReport struct {
 	// its timeout; that costs capacity, never a request, so TakenOut may
 	// exceed servers × nodes.
 	NotTakenOut []string `json:"not_taken_out,omitempty"`
+	// LateOut names each node/server pair where the node took the server
+	// out only once its listener had closed (a check refused or reset), not
+	// on its drain's 503 (HostHealth.LateOuts): the node was late, whether
+	// or not a request fell in the gap.
+	LateOut []string `json:"late_out,omitempty"`
+	// BadGatewayBy counts the 502s per node/server pair ("lb1/s2"), from the
+	// nodes' logs: which node sent to which server after its listener
+	// closed.
+	BadGatewayBy map[string]int64 `json:"502_by_node_server,omitempty"`
 	// WatchdogRuns and WatchdogRestarts are the watchdog's runs on every
 	// server during the deploy and the services it restarted.
 	WatchdogRuns     int `json:"watchdog_runs"`
@@ -149,6 +161,13 @@ func total(deploys []DeployReport) DeployReport {
 		t.HookSeconds = append(t.HookSeconds, d.HookSeconds...)
 		t.ServerDeployMin = d.ServerDeployMin
 		t.TakenOut += d.TakenOut
+		t.LateOut = append(t.LateOut, d.LateOut...)
+		for k, v := range d.BadGatewayBy {
+			if t.BadGatewayBy == nil {
+				t.BadGatewayBy = map[string]int64{}
+			}
+			t.BadGatewayBy[k] += v
+		}
 		t.WatchdogRuns += d.WatchdogRuns
 		t.WatchdogRestarts += d.WatchdogRestarts
 		t.Verified = t.Verified && d.Verified

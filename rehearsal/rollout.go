@@ -44,6 +44,9 @@ type rollout struct {
 	ssh *sshPath
 	// version is the one being rolled out.
 	version string
+	// release, when set, is shipped to each server just before its deploy
+	// (ship); timing is then that release's. Both under mu.
+	release string
 
 	mu    sync.Mutex
 	start map[string]time.Time
@@ -147,9 +150,16 @@ func (r *rollout) handleDeploy(w http.ResponseWriter, req *http.Request) {
 	start := time.Now()
 	r.mu.Lock()
 	r.start[s.name] = start
+	release, t := r.release, r.timing
 	r.mu.Unlock()
+	if release != "" {
+		if err := s.ship(release); err != nil {
+			http.Error(w, err.Error(), http.StatusInternalServerError)
+			return
+		}
+	}
 	// The hook bounds itself; this bound only catches a hung one.
-	ctx, cancel := context.WithTimeout(req.Context(), r.timing.ServerDeployMax())
+	ctx, cancel := context.WithTimeout(req.Context(), t.ServerDeployMax())
 	defer cancel()
 	err = s.hook(ctx, "deploy", req.FormValue("version"))
 	r.mu.Lock()
@@ -168,7 +178,10 @@ func (r *rollout) handleInService(w http.ResponseWriter, req *http.Request) {
 		http.Error(w, err.Error(), http.StatusNotFound)
 		return
 	}
-	if err := awaitInService(req.Context(), r.lbs, s.addr, r.timing.StartTimeout); err != nil {
+	r.mu.Lock()
+	t := r.timing
+	r.mu.Unlock()
+	if err := awaitInService(req.Context(), r.lbs, s.addr, t.StartTimeout); err != nil {
 		http.Error(w, err.Error(), http.StatusGatewayTimeout)
 		return
 	}
@@ -178,6 +191,14 @@ func (r *rollout) handleInService(w http.ResponseWriter, req *http.Request) {
 		r.total[s.name] = time.Since(start).Seconds()
 	}
 	fmt.Fprintf(w, "%s in service on every balancer node\n", s.name)
+}
+
+// shipping makes the next runs ship release, of timing t, to each server
+// just before its deploy, as the rollout ships a new release with its hooks.
+func (r *rollout) shipping(release string, t infra.Timing) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.release, r.timing = release, t
 }
 
 // run rolls version across every server with the real rollout script and

@@ -12,10 +12,14 @@
 // or 504, every service verified after every deploy and no watchdog restart,
 // and before shows the bug. -matrix runs the invariant matrix instead: prod
 // and one profile per relation a rehearsal can break, each judged on the
-// symptom users would see.
+// symptom users would see. -transition rolls a change of the timing out in
+// both orders (`pulumi up` reloading the balancer nodes, and the rollout of
+// the new release), and exits 1 unless the order infra.CheckTransition
+// calls safe shows no 502 and the other shows 502s.
 //
 //	go run ./cmd/rehearse -servers 3 -deploys 20 -rate 200
 //	go run ./cmd/rehearse -matrix -servers 2 -deploys 1
+//	go run ./cmd/rehearse -transition
 package main
 
 import (
@@ -45,8 +49,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs.SetOutput(stderr)
 	c := rehearsal.Config{Progress: stderr}
 	var profiles string
-	var asJSON, matrix bool
-	fs.IntVar(&c.Servers, "servers", 3, "servers (K), each a compose project of four services")
+	var asJSON, matrix, transition bool
+	fs.IntVar(&c.Servers, "servers", 3, fmt.Sprintf("servers (K), each a compose project of four services (%d with -transition)", rehearsal.TransitionServers))
+	fs.IntVar(&c.Nodes, "nodes", rehearsal.DefaultNodes, fmt.Sprintf("balancer nodes, each checking every server on its own (%d with -transition)", rehearsal.TransitionNodes))
 	fs.IntVar(&c.Deploys, "deploys", 3, "rolling deploys per profile (D)")
 	fs.IntVar(&c.Rate, "rate", 200, "requests per second (R), spread over both balancer nodes")
 	fs.Float64Var(&c.Scale, "scale", 0.2, "factor on every duration; must make StopGracePeriod whole seconds")
@@ -57,6 +62,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs.StringVar(&c.HAProxy, "haproxy", "", "HAProxy binary (default: haproxy on PATH; "+rehearsal.HAProxyInstall+")")
 	fs.BoolVar(&asJSON, "json", false, "print the report as JSON")
 	fs.BoolVar(&matrix, "matrix", false, "run the invariant matrix instead of -profiles: prod and one profile per breakable relation, each judged on its symptom")
+	fs.BoolVar(&transition, "transition", false, "roll a change of the timing out in both orders instead of -profiles (-deploys does not apply): pulumi up (the balancer nodes reload) and the rollout of the new release, each order judged against infra.CheckTransition")
 	fs.BoolVar(&c.SSH, "ssh", false, "deploy through the rollout's own ssh_deploy (a loopback sshd) and await re-entry with its describe-target-health polling, answered from the balancer nodes: production's path")
 	if err := fs.Parse(args); err != nil {
 		return 2
@@ -65,6 +71,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "rehearse: unexpected arguments %q\n", fs.Args())
 		return 2
 	}
+	set := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
 	c.Profiles = strings.Split(profiles, ",")
 	if c.RepoRoot == "" {
 		root, err := findRepo()
@@ -73,6 +81,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 			return 2
 		}
 		c.RepoRoot = root
+	}
+	if transition {
+		return runTransition(c, set, asJSON, stdout, stderr)
 	}
 	if err := c.Validate(); err != nil {
 		fmt.Fprintf(stderr, "rehearse: %v\n", err)
@@ -101,6 +112,58 @@ func run(args []string, stdout, stderr io.Writer) int {
 	}
 	if err := rep.Check(); err != nil {
 		fmt.Fprintf(stderr, "rehearse: FAILED:\n%v\n", err)
+		return 1
+	}
+	return 0
+}
+
+// runTransition rehearses the timing change in both orders, prints it, and
+// exits 1 unless each order shows what infra.CheckTransition says of it.
+func runTransition(c rehearsal.Config, set map[string]bool, asJSON bool, stdout, stderr io.Writer) int {
+	var clash []string
+	for _, name := range []string{"matrix", "profiles", "deploys", "ssh"} {
+		if set[name] {
+			clash = append(clash, "-"+name)
+		}
+	}
+	if len(clash) > 0 {
+		fmt.Fprintf(stderr, "rehearse: -transition rolls one change out once per order; it does not take %s\n", strings.Join(clash, ", "))
+		return 2
+	}
+	if !set["servers"] {
+		c.Servers = rehearsal.TransitionServers
+	}
+	if !set["nodes"] {
+		c.Nodes = rehearsal.TransitionNodes
+	}
+	if err := c.ValidateTransition(); err != nil {
+		fmt.Fprintf(stderr, "rehearse: %v\n", err)
+		return 2
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	r, err := rehearsal.RunTransition(ctx, c)
+	write := r.WriteTable
+	if asJSON {
+		write = r.WriteJSON
+	}
+	if len(r.Orders) > 0 {
+		if werr := write(stdout); werr != nil {
+			fmt.Fprintf(stderr, "rehearse: %v\n", werr)
+			return 1
+		}
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "rehearse: %v\n", err)
+		return 1
+	}
+	for _, o := range r.Orders {
+		if o.Error != "" {
+			fmt.Fprintf(stderr, "rehearse: %s: %s\n", o.Order, o.Error)
+		}
+	}
+	if r.Failed() {
+		fmt.Fprintln(stderr, "rehearse: FAILED: an order did not show what infra.CheckTransition says of it")
 		return 1
 	}
 	return 0

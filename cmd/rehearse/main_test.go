@@ -22,6 +22,13 @@ func TestRunRefusesBadInputBeforeTouchingAnything(t *testing.T) {
 			"Servers 0", "Deploys 0", "Rate 0", `Path "/healthz" is the health endpoint`,
 		}},
 		{"stray argument", []string{"now"}, []string{`unexpected arguments ["now"]`}},
+		{"one node", []string{"-nodes", "1"}, []string{"Nodes 1 must be at least 2"}},
+		{"transition with what it does not take", []string{"-transition", "-deploys", "3", "-matrix", "-profiles", "prod"},
+			[]string{"-transition rolls one change out once per order; it does not take -matrix, -profiles, -deploys"}},
+		{"transition at a scale Docker cannot take", []string{"-transition", "-scale", "0.25", "-nodes", "1"}, []string{
+			"old timing: scale 0.25 makes StopGracePeriod 30s × 0.25 = 7.5s", "Nodes 1 must be at least 2",
+		}},
+		{"transition over ssh", []string{"-transition", "-ssh"}, []string{"it does not take -ssh"}},
 		{"unknown flag", []string{"-k", "3"}, []string{"flag provided but not defined: -k"}},
 	}
 	for _, tt := range tests {
