@@ -75,6 +75,7 @@ func TestMatrix(t *testing.T) {
 		// take a server out once more when a check of a loaded host times
 		// out: that loses no request.
 		assert.Empty(t, d.NotTakenOut, "prod deploy %d: node/server pairs where the node never took the server out", d.Deploy)
+		assert.Empty(t, d.LateOut, "prod deploy %d: node/server pairs where the node took the server out only once its listener was closed", d.Deploy)
 		assert.GreaterOrEqual(t, d.TakenOut, 2*c.Servers, "prod deploy %d: servers taken out by the balancer nodes", d.Deploy)
 		for _, method := range []string{http.MethodGet, http.MethodPost} {
 			assert.Positive(t, d.ByMethod[method].OK, "prod deploy %d: %s traffic flowed", d.Deploy, method)
