@@ -30,14 +30,17 @@
 # `|| die`: these functions are called from `if`, `||` and `!`, where
 # `set -e` does nothing.
 
-# The globals below are read by the scripts that source this file.
-# shellcheck disable=SC2034
+# The globals below are read by the scripts that source this file (SC2034).
+# Command substitutions are `...`, never $(...): see deploy, which traps
+# signals (SC2006).
+# shellcheck disable=SC2034,SC2006
 true
 
 shopt -s inherit_errexit
 
 readonly SCRIPT="${0##*/}"
-HOOKS_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+HOOKS_DIR=`dirname "${BASH_SOURCE[0]}"`
+HOOKS_DIR=`cd "$HOOKS_DIR" && pwd`
 readonly HOOKS_DIR
 readonly MYTHEX_ROOT="${MYTHEX_ROOT:-/opt/mythex}"
 readonly MYTHEX_LOCK="${MYTHEX_LOCK:-$MYTHEX_ROOT/mythex.lock}"
@@ -86,7 +89,7 @@ LOG_FILE=""
 
 log_line() {
   local line
-  printf -v line '%s %s: %s' "$(date -u +%FT%TZ)" "$SCRIPT" "$*"
+  TZ=UTC printf -v line '%(%FT%TZ)T %s: %s' -1 "$SCRIPT" "$*"
   printf '%s\n' "$line"
   if [[ -n "$LOG_FILE" ]]; then
     printf '%s\n' "$line" >>"$LOG_FILE" 2>/dev/null || true
@@ -157,7 +160,7 @@ root_problems() {
 
 check_root() {
   local problems
-  problems="$(root_problems)"
+  problems="`root_problems`"
   [[ -z "$problems" ]] || die "$problems"
 }
 
@@ -234,8 +237,8 @@ require_commands() {
 # may write to it: whoever can write a directory can swap the files in it.
 check_private_dir() {
   local dir="$1" owner mode
-  owner="$(stat -c '%u' -- "$dir")" || die "cannot stat $dir"
-  mode="$(stat -c '%a' -- "$dir")" || die "cannot stat $dir"
+  owner="`stat -c '%u' -- "$dir"`" || die "cannot stat $dir"
+  mode="`stat -c '%a' -- "$dir"`" || die "cannot stat $dir"
   [[ "$owner" == "$EUID" ]] || die "$dir belongs to uid $owner, not to uid $EUID who runs $SCRIPT; refusing to use it"
   (((8#$mode & 8#022) == 0)) || die "$dir has mode $mode: group or others may write to it; run chmod go-w $dir"
 }
@@ -245,7 +248,7 @@ check_private_dir() {
 # read access, so a lock anyone can read is a lock anyone can hold.
 prepare_dirs() {
   local lock_dir
-  lock_dir="$(dirname -- "$MYTHEX_LOCK")"
+  lock_dir="`dirname -- "$MYTHEX_LOCK"`"
   mkdir -p -- "$MYTHEX_ROOT" "$STATE_DIR" "$RELEASES_DIR" "$lock_dir" || die "cannot create $MYTHEX_ROOT"
   chmod go-w -- "$MYTHEX_ROOT" "$STATE_DIR" "$RELEASES_DIR" || die "cannot tighten the modes under $MYTHEX_ROOT"
   check_private_dir "$MYTHEX_ROOT"
@@ -273,7 +276,7 @@ open_lock() {
 # note_holder records who holds the lock and since when, for the watchdog's
 # report of a lock held too long.
 note_holder() {
-  write_atomic "$LOCK_HOLDER_FILE" 0644 "$$ $SCRIPT $(now_ms)"$'\n' ||
+  write_atomic "$LOCK_HOLDER_FILE" 0644 "$$ $SCRIPT `now_ms`"$'\n' ||
     err "cannot record the lock holder in $LOCK_HOLDER_FILE (continuing)"
 }
 
@@ -281,17 +284,17 @@ note_holder() {
 lock_wait() {
   local waited
   local start
-  start="$(now_ms)"
+  start="`now_ms`"
   open_lock
-  if ! flock -w "$(seconds "$MYTHEX_LOCK_WAIT_MS")" "$LOCK_FD"; then
-    err "gave up after $(seconds "$MYTHEX_LOCK_WAIT_MS")s waiting for the server lock $MYTHEX_LOCK:" \
+  if ! flock -w "`seconds "$MYTHEX_LOCK_WAIT_MS"`" "$LOCK_FD"; then
+    err "gave up after `seconds "$MYTHEX_LOCK_WAIT_MS"`s waiting for the server lock $MYTHEX_LOCK:" \
       "another deploy, bootstrap or watchdog restart still holds it." \
       "See who with: fuser -v $MYTHEX_LOCK; then run $SCRIPT again."
     exit "$EXIT_LOCKED"
   fi
-  waited="$(($(now_ms) - start))"
+  waited="$((`now_ms` - start))"
   note_holder
-  log "holding the server lock $MYTHEX_LOCK (waited $(seconds "$waited")s)"
+  log "holding the server lock $MYTHEX_LOCK (waited `seconds "$waited"`s)"
 }
 
 # lock_try takes the server lock if it is free; it never waits.
@@ -324,12 +327,12 @@ run_critical_section() {
 # signal meant for the caller's group does not cut compose off halfway.
 bounded() {
   local ms
-  ms="$(within_hold "$1")" || {
+  ms="`within_hold "$1"`" || {
     err "not running $2: the lock may be held no longer (bounded by the timing contract)"
     return 137
   }
   shift
-  timeout -s KILL "$(seconds "$ms")" "$@"
+  timeout -s KILL "`seconds "$ms"`" "$@"
 }
 
 # within_hold prints MS milliseconds, or fewer when HOLD_DEADLINE comes
@@ -337,7 +340,7 @@ bounded() {
 within_hold() {
   local ms="$1" left
   if ((HOLD_DEADLINE > 0)); then
-    left=$((HOLD_DEADLINE - $(now_ms)))
+    left=$((HOLD_DEADLINE - `now_ms`))
     ((left > 0)) || return 1
     if ((left < ms)); then
       ms="$left"
@@ -389,9 +392,9 @@ container_ids() {
 # not answer.
 snapshot() {
   local ids json
-  ids="$(dq ps -a -q --no-trunc \
+  ids="`dq ps -a -q --no-trunc \
     --filter "label=com.docker.compose.project=$MYTHEX_PROJECT" \
-    --filter "label=com.docker.compose.oneoff=False")" || {
+    --filter "label=com.docker.compose.oneoff=False"`" || {
     err "docker ps failed or timed out"
     return 1
   }
@@ -399,7 +402,7 @@ snapshot() {
   # A container removed between ps and inspect makes inspect fail; the
   # others are still printed, and what is gone is simply not there.
   # shellcheck disable=SC2086 # one id per word
-  json="$(dq inspect $ids 2>/dev/null)" || [[ "$json" == "["* ]] || {
+  json="`dq inspect $ids 2>/dev/null`" || [[ "$json" == "["* ]] || {
     err "docker inspect failed or timed out"
     return 1
   }
@@ -414,7 +417,7 @@ snapshot() {
 # Docker does not answer.
 service_problems() {
   local snap svc name status health code n found
-  snap="$(snapshot)" || return 1
+  snap="`snapshot`" || return 1
   for svc in "$@"; do
     n=0
     found=""
@@ -447,7 +450,7 @@ service_problems() {
 # services' containers are looked at.
 remove_debris() {
   local snap svc id status ids=()
-  snap="$(snapshot)" || return 1
+  snap="`snapshot`" || return 1
   while read -r svc id status _; do
     [[ -n "$id" && "$status" != running ]] || continue
     (($# == 0)) || [[ " $* " == *" $svc "* ]] || continue
@@ -465,33 +468,34 @@ remove_debris() {
 # WAIT_PENDING names the services not known healthy: those of Docker's last
 # answer, all of them if it never answered.
 wait_healthy() {
-  local deadline problems pending="$*" answered=0
-  deadline="$(($(now_ms) + MYTHEX_START_TIMEOUT_MS))"
+  local deadline problems pending="$*" answered=0 silent
+  deadline="$((`now_ms` + MYTHEX_START_TIMEOUT_MS))"
   if ((HOLD_DEADLINE > 0 && HOLD_DEADLINE < deadline)); then
     deadline="$HOLD_DEADLINE"
   fi
   while :; do
-    if problems="$(service_problems "$@")"; then
+    if problems="`service_problems "$@"`"; then
       answered=1
-      pending="$(cut -d ' ' -f 1 <<<"$problems" | tr '\n' ' ')"
+      pending="`cut -d ' ' -f 1 <<<"$problems" | tr '\n' ' '`"
       pending="${pending% }"
       [[ -n "$pending" ]] || return 0
     else
       answered=0
     fi
-    if (($(now_ms) >= deadline)); then
+    if ((`now_ms` >= deadline)); then
       WAIT_PENDING="$pending"
-      err "not healthy after $(seconds "$MYTHEX_START_TIMEOUT_MS")s: $pending$( ((answered)) || echo " (Docker did not answer the last check)")"
+      ((answered)) && silent="" || silent=" (Docker did not answer the last check)"
+      err "not healthy after `seconds "$MYTHEX_START_TIMEOUT_MS"`s: $pending$silent"
       return 1
     fi
-    sleep "$(seconds "$MYTHEX_CONTAINER_HEALTH_INTERVAL_MS")" || return 1
+    sleep "`seconds "$MYTHEX_CONTAINER_HEALTH_INTERVAL_MS"`" || return 1
   done
 }
 
 # endpoint prints host:port where a container's service is published.
 endpoint() {
   local line addr host
-  line="$(dq port "$1" 2>/dev/null | head -n 1)" || return 1
+  line="`dq port "$1" 2>/dev/null | head -n 1`" || return 1
   [[ -n "$line" ]] || return 1
   addr="${line##* -> }"
   host="${addr%:*}"
@@ -507,8 +511,8 @@ endpoint() {
 verify_service() {
   local svc="$1" version="$2" problem id ep code about role got_version
   local max_time about_path="/about"
-  max_time="$(seconds "$MYTHEX_CONTAINER_HEALTH_TIMEOUT_MS")"
-  if ! problem="$(service_problems "$svc")"; then
+  max_time="`seconds "$MYTHEX_CONTAINER_HEALTH_TIMEOUT_MS"`"
+  if ! problem="`service_problems "$svc"`"; then
     echo "$svc: Docker did not answer"
     return 0
   fi
@@ -518,19 +522,19 @@ verify_service() {
     # A running container that fails its health check may still answer.
     [[ "$problem" == "container health is"* ]] || return 0
   fi
-  if ! id="$(container_ids "$svc")" || ! ep="$(endpoint "$id")"; then
+  if ! id="`container_ids "$svc"`" || ! ep="`endpoint "$id"`"; then
     echo "$svc: no published port"
     return 0
   fi
-  code="$(curl -s -o /dev/null -w '%{http_code}' --max-time "$max_time" "http://$ep$MYTHEX_HEALTH_PATH")" || true
+  code="`curl -s -o /dev/null -w '%{http_code}' --max-time "$max_time" "http://$ep$MYTHEX_HEALTH_PATH"`" || true
   [[ "$code" == "$MYTHEX_HEALTHY_STATUS" ]] ||
     echo "$svc: $MYTHEX_HEALTH_PATH at $ep answered ${code:-nothing}, not $MYTHEX_HEALTHY_STATUS"
-  if ! about="$(curl -fsS --max-time "$max_time" "http://$ep$about_path" 2>&1)"; then
+  if ! about="`curl -fsS --max-time "$max_time" "http://$ep$about_path" 2>&1`"; then
     echo "$svc: $about_path at $ep failed: $about"
     return 0
   fi
-  if ! role="$(jq -r '.role // "" | tostring' <<<"$about" 2>/dev/null)" ||
-    ! got_version="$(jq -r '.version // "" | tostring' <<<"$about" 2>/dev/null)"; then
+  if ! role="`jq -r '.role // "" | tostring' <<<"$about" 2>/dev/null`" ||
+    ! got_version="`jq -r '.version // "" | tostring' <<<"$about" 2>/dev/null`"; then
     echo "$svc: $about_path at $ep is not JSON: $about"
     return 0
   fi
@@ -551,7 +555,8 @@ verify_all() {
 # failed write (disk full) leaves DST as it was and fails.
 write_atomic() {
   local dst="$1" mode="$2" content="$3" tmp
-  tmp="$(mktemp "$(dirname -- "$dst")/.${dst##*/}.XXXXXX")" || {
+  tmp=`dirname -- "$dst"`
+  tmp=`mktemp "$tmp/.${dst##*/}.XXXXXX"` || {
     err "cannot create a temp file beside $dst; it is unchanged"
     return 1
   }
@@ -566,7 +571,8 @@ write_atomic() {
 # copy_atomic SRC DST MODE is write_atomic with SRC's bytes.
 copy_atomic() {
   local src="$1" dst="$2" mode="$3" tmp
-  tmp="$(mktemp "$(dirname -- "$dst")/.${dst##*/}.XXXXXX")" || {
+  tmp=`dirname -- "$dst"`
+  tmp=`mktemp "$tmp/.${dst##*/}.XXXXXX"` || {
     err "cannot create a temp file beside $dst; it is unchanged"
     return 1
   }
@@ -581,7 +587,7 @@ copy_atomic() {
 # switch_link LINK TARGET points the symlink LINK at TARGET with one rename.
 switch_link() {
   local link="$1" target="$2" tmp
-  tmp="$(dirname -- "$link")/.${link##*/}.$$.link"
+  tmp="`dirname -- "$link"`/.${link##*/}.$$.link"
   rm -f -- "$tmp" || return 1
   TMP_FILES+=("$tmp")
   if ! ln -s -- "$target" "$tmp" || ! mv -fT -- "$tmp" "$link"; then
@@ -596,7 +602,7 @@ checksum_ok() {
   local dir="$1" want got
   [[ -r "$dir/$COMPOSE_NAME" && -r "$dir/$CHECKSUM_NAME" ]] || return 1
   read -r want _ <"$dir/$CHECKSUM_NAME" || return 1
-  got="$(sha256sum <"$dir/$COMPOSE_NAME")" || return 1
+  got="`sha256sum <"$dir/$COMPOSE_NAME"`" || return 1
   [[ "${got%% *}" == "$want" ]]
 }
 
@@ -609,7 +615,7 @@ published_checksum() {
   [[ -r "$sum_file" ]] || die "no published checksum at $sum_file; refusing $src, nothing installed"
   read -r want _ <"$sum_file" || true
   [[ "$want" =~ ^[0-9a-f]{64}$ ]] || die "$sum_file holds no SHA-256; refusing $src, nothing installed"
-  got="$(sha256sum <"$src")" || die "cannot read $src"
+  got="`sha256sum <"$src"`" || die "cannot read $src"
   got="${got%% *}"
   if [[ "$got" != "$want" ]]; then
     die "refusing $src: its SHA-256 is $got but the published checksum is $want;" \
