@@ -468,7 +468,7 @@ remove_debris() {
 # WAIT_PENDING names the services not known healthy: those of Docker's last
 # answer, all of them if it never answered.
 wait_healthy() {
-  local deadline problems pending="$*" answered=0 silent
+  local deadline problems pending="$*" answered=0 silent name
   deadline="$((`now_ms` + MYTHEX_START_TIMEOUT_MS))"
   if ((HOLD_DEADLINE > 0 && HOLD_DEADLINE < deadline)); then
     deadline="$HOLD_DEADLINE"
@@ -476,7 +476,11 @@ wait_healthy() {
   while :; do
     if problems="`service_problems "$@"`"; then
       answered=1
-      pending="`cut -d ' ' -f 1 <<<"$problems" | tr '\n' ' '`"
+      # No command here: one that failed would leave nothing pending.
+      pending=""
+      while read -r name _; do
+        [[ -z "$name" ]] || pending+="$name "
+      done <<<"$problems"
       pending="${pending% }"
       [[ -n "$pending" ]] || return 0
     else
