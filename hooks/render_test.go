@@ -2,9 +2,10 @@ package hooks
 
 import (
 	"bytes"
-	"io/fs"
+	"fmt"
 	"os"
 	"os/exec"
+	"path"
 	"path/filepath"
 	"regexp"
 	"slices"
@@ -31,27 +32,28 @@ func TestGeneratedFilesAreFresh(t *testing.T) {
 	}
 }
 
-// composeFiles finds every compose definition under root outside testdata.
+// composeFiles finds every compose definition of the git work tree at root,
+// committed or not (ignored files aside), outside testdata. git lists them,
+// not a walk of the directories from this process: go test would record
+// every directory read as an input of the package's cached result, and any
+// file appearing anywhere in the tree (another suite's temporary file)
+// would make the whole hooks suite run again.
 func composeFiles(root string) ([]string, error) {
 	pattern := regexp.MustCompile(`^(docker-)?compose.*\.ya?ml$`)
+	out, err := exec.Command("git", "-C", root, "ls-files", "-z", "--cached", "--others", "--exclude-standard").Output()
+	if err != nil {
+		return nil, fmt.Errorf("list the files of %s: %w", root, err)
+	}
 	var found []string
-	err := filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
-		if err != nil {
-			return err
+	for _, p := range strings.Split(string(out), "\x00") {
+		if p == "" || slices.Contains(strings.Split(p, "/"), "testdata") {
+			continue
 		}
-		if d.IsDir() && (d.Name() == ".git" || d.Name() == "testdata" || d.Name() == "node_modules") {
-			return filepath.SkipDir
+		if pattern.MatchString(path.Base(p)) && !slices.Contains(found, p) {
+			found = append(found, p)
 		}
-		if !d.IsDir() && pattern.MatchString(d.Name()) {
-			rel, err := filepath.Rel(root, path)
-			if err != nil {
-				return err
-			}
-			found = append(found, filepath.ToSlash(rel))
-		}
-		return nil
-	})
-	return found, err
+	}
+	return found, nil
 }
 
 func TestOneComposeDefinition(t *testing.T) {
@@ -63,6 +65,8 @@ func TestOneComposeDefinition(t *testing.T) {
 
 func TestComposeFilesFindsASecondDefinition(t *testing.T) {
 	root := t.TempDir()
+	out, err := exec.Command("git", "init", "-q", root).CombinedOutput()
+	require.NoError(t, err, "%s", out)
 	for _, p := range []string{"hooks/compose.yaml", "ops/docker-compose.prod.yml", "x/compose.override.yaml",
 		"testdata/compose.yaml", "hooks/compose.tmpl", "notes/composer.json"} {
 		require.NoError(t, os.MkdirAll(filepath.Join(root, filepath.Dir(p)), 0o755))
