@@ -18,6 +18,7 @@ import (
 
 	"github.com/pulumi/pulumi-aws/sdk/v6/go/aws/ec2"
 	"github.com/pulumi/pulumi-aws/sdk/v6/go/aws/lb"
+	"github.com/pulumi/pulumi-aws/sdk/v6/go/aws/s3"
 	"github.com/pulumi/pulumi-aws/sdk/v6/go/aws/vpc"
 	"github.com/pulumi/pulumi/sdk/v3/go/pulumi"
 	"github.com/stretchr/testify/assert"
@@ -77,6 +78,10 @@ func only[T any, PT interface {
 // checks. checkov's CKV_AWS_150 (deletion protection), CKV_AWS_91 (access
 // logs), CKV_AWS_328 (desync mitigation) and CKV_AWS_261 (health-check path)
 // have no trivy check; their tests in alb_test.go stay our reading of them.
+// Neither does the access-log bucket's encryption: trivy v0.74.0 reports
+// AWS-0088 neither for an encryption configuration with no rule nor for one
+// with no algorithm (S3 has encrypted every new object with SSE-S3 by
+// default since 2023), so production_test.go keeps our reading of it.
 func hardenings() []hardening {
 	return []hardening{
 		{"AWS-0052", "the ALB drops invalid header fields (CKV_AWS_131)",
@@ -109,6 +114,22 @@ func hardenings() []hardening {
 			only(TypeEgressRule, ComponentName+"-alb-out-app", func(a *vpc.SecurityGroupEgressRuleArgs) {
 				a.ReferencedSecurityGroupId = nil
 				a.CidrIpv4 = pulumi.String(anywhereIPv4)
+			})},
+		{"AWS-0086", "the access-log bucket blocks public ACLs",
+			only(TypeBucketPublicAccess, ComponentName+"-access-logs-private", func(a *s3.BucketPublicAccessBlockArgs) {
+				a.BlockPublicAcls = pulumi.Bool(false)
+			})},
+		{"AWS-0087", "the access-log bucket blocks public policies",
+			only(TypeBucketPublicAccess, ComponentName+"-access-logs-private", func(a *s3.BucketPublicAccessBlockArgs) {
+				a.BlockPublicPolicy = pulumi.Bool(false)
+			})},
+		{"AWS-0091", "the access-log bucket ignores public ACLs",
+			only(TypeBucketPublicAccess, ComponentName+"-access-logs-private", func(a *s3.BucketPublicAccessBlockArgs) {
+				a.IgnorePublicAcls = pulumi.Bool(false)
+			})},
+		{"AWS-0093", "the access-log bucket restricts public buckets",
+			only(TypeBucketPublicAccess, ComponentName+"-access-logs-private", func(a *s3.BucketPublicAccessBlockArgs) {
+				a.RestrictPublicBuckets = pulumi.Bool(false)
 			})},
 	}
 }
