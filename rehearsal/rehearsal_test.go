@@ -15,6 +15,23 @@ import (
 	"github.com/mythex/infra/internal/dockerlock"
 )
 
+// ReportsEnv names a directory where the rehearsal tests also write their
+// tables, one file each: go test shows a passing test's log only with -v,
+// and CI prints these (.ci/run) so every run's numbers can be read.
+const ReportsEnv = "MYTHEX_REHEARSAL_REPORTS"
+
+// publish logs a test's table and, when ReportsEnv is set, writes it there.
+func publish(t *testing.T, name, text string) {
+	t.Helper()
+	t.Logf("\n%s", text)
+	dir := os.Getenv(ReportsEnv)
+	if dir == "" {
+		return
+	}
+	err := os.WriteFile(filepath.Join(dir, name+".txt"), []byte(text), 0o644)
+	assert.NoError(t, err, "write the %s table into %s=%s", name, ReportsEnv, dir)
+}
+
 // repoRoot is the repository, two levels up from this package.
 func repoRoot(t *testing.T) string {
 	t.Helper()
@@ -53,7 +70,7 @@ func TestMatrix(t *testing.T) {
 	var table bytes.Buffer
 	require.NoError(t, m.WriteTable(&table))
 	require.NoError(t, m.Report.WriteTable(&table))
-	t.Logf("\n%s", table.String())
+	publish(t, "matrix", table.String())
 	require.NoError(t, err, "progress:\n%s", progress.String())
 	require.Len(t, m.Rows, len(MatrixCases()))
 	for _, row := range m.Rows {

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net/http"
 	"reflect"
 	"testing"
@@ -46,7 +47,7 @@ func TestTransition(t *testing.T) {
 	r, err := RunTransition(ctx, c)
 	var table bytes.Buffer
 	require.NoError(t, r.WriteTable(&table))
-	t.Logf("%v\n%s", time.Since(start).Round(time.Second), table.String())
+	publish(t, "transition", fmt.Sprintf("%v\n%s", time.Since(start).Round(time.Second), table.String()))
 	require.NoError(t, err, "progress:\n%s", progress.String())
 	for _, o := range r.Orders {
 		require.Empty(t, o.Error, "%s stopped; progress:\n%s", o.Order, progress.String())
