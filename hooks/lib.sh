@@ -245,9 +245,14 @@ check_private_dir() {
 
 # prepare_dirs creates the server's directories, writable by their owner
 # alone, and the lock file, readable by its owner alone: flock needs only
-# read access, so a lock anyone can read is a lock anyone can hold.
+# read access, so a lock anyone can read is a lock anyone can hold. First it
+# takes group and other write out of the umask, for the rest of the run,
+# whatever the caller's was (sudo and ssh pass theirs on): under umask 000 a
+# directory made here would be open to everyone until its chmod, and one
+# never chmodded (hook-releases, a unit directory) would stay so.
 prepare_dirs() {
   local lock_dir
+  umask go-w || die "cannot set the umask"
   lock_dir="`dirname -- "$MYTHEX_LOCK"`"
   mkdir -p -- "$MYTHEX_ROOT" "$STATE_DIR" "$RELEASES_DIR" "$lock_dir" || die "cannot create $MYTHEX_ROOT"
   chmod go-w -- "$MYTHEX_ROOT" "$STATE_DIR" "$RELEASES_DIR" || die "cannot tighten the modes under $MYTHEX_ROOT"
@@ -256,7 +261,10 @@ prepare_dirs() {
   check_private_dir "$lock_dir"
 }
 
+# open_lock opens the server lock into LOCK_FD, or takes over the hold
+# remote-deploy passes down (MYTHEX_LOCK_HELD_FD).
 open_lock() {
+  local mode
   if [[ -n "${MYTHEX_LOCK_HELD_FD:-}" ]]; then
     # flock on the holder's own open file succeeds at once; any other file
     # would let this script run without the server lock.
@@ -266,11 +274,16 @@ open_lock() {
     LOCK_INHERITED=1
     return 0
   fi
-  # Append mode: opening never truncates or replaces the lock file, and it is
-  # never deleted, so every process locks the same inode.
+  # Created 0600 (umask 077 in a subshell): created under the caller's
+  # umask and tightened after, it would be open to others in between, and
+  # whoever opens it once may hold it later. Append mode: opening never
+  # truncates or replaces the lock file, and it is never deleted, so every
+  # process locks the same inode.
+  (umask 077 && : >>"$MYTHEX_LOCK") || die "cannot create the server lock $MYTHEX_LOCK"
   exec {LOCK_FD}>>"$MYTHEX_LOCK" || die "cannot open the server lock $MYTHEX_LOCK"
   # A lock file left readable by an older release is tightened here.
-  chmod 0600 -- "$MYTHEX_LOCK" || die "cannot set the mode of $MYTHEX_LOCK to 0600"
+  mode="`stat -c '%a' -- "$MYTHEX_LOCK"`" || die "cannot stat the server lock $MYTHEX_LOCK"
+  [[ "$mode" == 600 ]] || chmod 0600 -- "$MYTHEX_LOCK" || die "cannot set the mode of $MYTHEX_LOCK to 0600"
 }
 
 # note_holder records who holds the lock and since when, for the watchdog's
