@@ -266,10 +266,7 @@ prepare_dirs() {
 open_lock() {
   local mode
   if [[ -n "${MYTHEX_LOCK_HELD_FD:-}" ]]; then
-    # flock on the holder's own open file succeeds at once; any other file
-    # would let this script run without the server lock.
-    [[ "$MYTHEX_LOCK_HELD_FD" =~ ^[0-9]+$ && "/proc/self/fd/$MYTHEX_LOCK_HELD_FD" -ef "$MYTHEX_LOCK" ]] ||
-      die "MYTHEX_LOCK_HELD_FD '$MYTHEX_LOCK_HELD_FD' is not an open descriptor of the server lock $MYTHEX_LOCK"
+    check_held_fd "$MYTHEX_LOCK_HELD_FD"
     LOCK_FD="$MYTHEX_LOCK_HELD_FD"
     LOCK_INHERITED=1
     return 0
@@ -284,6 +281,27 @@ open_lock() {
   # A lock file left readable by an older release is tightened here.
   mode="`stat -c '%a' -- "$MYTHEX_LOCK"`" || die "cannot stat the server lock $MYTHEX_LOCK"
   [[ "$mode" == 600 ]] || chmod 0600 -- "$MYTHEX_LOCK" || die "cannot set the mode of $MYTHEX_LOCK to 0600"
+}
+
+# check_held_fd FD refuses an inherited descriptor unless it is open on the
+# server lock and holds it: flock on the holder's own open file succeeds at
+# once, so any other descriptor would let this script run without the
+# server lock. The lock being free shows the descriptor does not hold it;
+# held, flock -n on the descriptor succeeds only for the holder.
+check_held_fd() {
+  local fd="$1" probe
+  [[ "$fd" =~ ^[0-9]{1,4}$ ]] ||
+    die "MYTHEX_LOCK_HELD_FD '$fd' is not a descriptor number; only remote-deploy sets it, to the descriptor it holds the server lock $MYTHEX_LOCK on"
+  [[ -e "/proc/self/fd/$fd" && "/proc/self/fd/$fd" -ef "$MYTHEX_LOCK" ]] ||
+    die "MYTHEX_LOCK_HELD_FD $fd is not an open descriptor of the server lock $MYTHEX_LOCK"
+  exec {probe}<"$MYTHEX_LOCK" || die "cannot open the server lock $MYTHEX_LOCK"
+  if flock -n "$probe"; then
+    exec {probe}<&-
+    die "MYTHEX_LOCK_HELD_FD $fd does not hold the server lock $MYTHEX_LOCK: nobody holds it"
+  fi
+  exec {probe}<&-
+  flock -n "$fd" ||
+    die "MYTHEX_LOCK_HELD_FD $fd does not hold the server lock $MYTHEX_LOCK: another process holds it (see fuser -v $MYTHEX_LOCK)"
 }
 
 # note_holder records who holds the lock and since when, for the watchdog's
