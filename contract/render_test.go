@@ -18,14 +18,14 @@ import (
 func text(t *testing.T, tm infra.Timing) string {
 	t.Helper()
 	var b bytes.Buffer
-	require.NoError(t, contract.WriteText(&b, tm, loadSource(t)))
+	require.NoError(t, contract.WriteText(&b, tm, loadSource(t), prodFleet(t)))
 	return b.String()
 }
 
 func markdown(t *testing.T, tm infra.Timing) string {
 	t.Helper()
 	var b bytes.Buffer
-	require.NoError(t, contract.WriteMarkdown(&b, tm, loadSource(t)))
+	require.NoError(t, contract.WriteMarkdown(&b, tm, loadSource(t), prodFleet(t)))
 	return b.String()
 }
 
@@ -220,11 +220,12 @@ func TestMarkdown(t *testing.T) {
 
 func TestWriteFindsSourceFromWorkingDirectory(t *testing.T) {
 	var b bytes.Buffer
-	require.NoError(t, contract.Write(&b, infra.Prod()))
+	fleet := prodFleet(t)
+	require.NoError(t, contract.Write(&b, infra.Prod(), fleet))
 	assert.Equal(t, text(t, infra.Prod()), b.String())
 
 	t.Chdir(t.TempDir())
-	err := contract.Write(&b, infra.Prod())
+	err := contract.Write(&b, infra.Prod(), fleet)
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "run this inside the repository")
 }

@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"sort"
 	"strings"
 
@@ -31,6 +32,14 @@ type Source struct {
 	Derived []string
 	// DerivedDoc is each derived method's doc comment.
 	DerivedDoc map[string]string
+	// Fleet lists Timing's methods that take a rollout's shape (servers,
+	// maxUnavailable int) and return a time.Duration, in source order.
+	Fleet []string
+	// FleetDoc is each fleet method's doc comment.
+	FleetDoc map[string]string
+	// FuncDoc is the doc comment of each of package infra's exported
+	// functions (RolloutBatches among them).
+	FuncDoc map[string]string
 	// Rules are the Rule constants, in declaration order.
 	Rules []infra.Rule
 	// ConstDoc is the doc comment of HealthPath and HealthyStatus.
@@ -82,6 +91,8 @@ func LoadSource(root string) (*Source, error) {
 		Meaning:    map[string]string{},
 		Reason:     map[string]string{},
 		DerivedDoc: map[string]string{},
+		FleetDoc:   map[string]string{},
+		FuncDoc:    map[string]string{},
 		ConstDoc:   map[string]string{},
 	}
 	fset := token.NewFileSet()
@@ -209,25 +220,42 @@ func (s *Source) readProd(fset *token.FileSet, f *ast.File, fn *ast.FuncDecl) er
 }
 
 func (s *Source) readMethod(fn *ast.FuncDecl) {
-	if fn.Recv == nil || len(fn.Recv.List) != 1 || !fn.Name.IsExported() {
+	if !fn.Name.IsExported() {
+		return
+	}
+	if fn.Recv == nil {
+		s.FuncDoc[fn.Name.Name] = docText(fn.Doc)
+		return
+	}
+	if len(fn.Recv.List) != 1 {
 		return
 	}
 	if id, ok := fn.Recv.List[0].Type.(*ast.Ident); !ok || id.Name != "Timing" {
 		return
 	}
 	ft := fn.Type
-	if ft.Params.NumFields() != 0 || ft.Results.NumFields() != 1 {
+	if ft.Results.NumFields() != 1 || !isDuration(ft.Results.List[0].Type) {
 		return
 	}
-	sel, ok := ft.Results.List[0].Type.(*ast.SelectorExpr)
-	if !ok || sel.Sel.Name != "Duration" {
-		return
+	switch {
+	case ft.Params.NumFields() == 0:
+		s.Derived = append(s.Derived, fn.Name.Name)
+		s.DerivedDoc[fn.Name.Name] = docText(fn.Doc)
+	case ft.Params.NumFields() == 2 && isIdent(ft.Params.List[0].Type, "int") && isIdent(ft.Params.List[len(ft.Params.List)-1].Type, "int"):
+		s.Fleet = append(s.Fleet, fn.Name.Name)
+		s.FleetDoc[fn.Name.Name] = docText(fn.Doc)
 	}
-	if x, ok := sel.X.(*ast.Ident); !ok || x.Name != "time" {
-		return
-	}
-	s.Derived = append(s.Derived, fn.Name.Name)
-	s.DerivedDoc[fn.Name.Name] = docText(fn.Doc)
+}
+
+// isDuration reports whether a type expression is time.Duration.
+func isDuration(e ast.Expr) bool {
+	sel, ok := e.(*ast.SelectorExpr)
+	return ok && sel.Sel.Name == "Duration" && isIdent(sel.X, "time")
+}
+
+func isIdent(e ast.Expr, name string) bool {
+	id, ok := e.(*ast.Ident)
+	return ok && id.Name == name
 }
 
 // check compares the parsed words with the compiled type, so a field or
@@ -257,6 +285,17 @@ func (s *Source) check() error {
 		if s.DerivedDoc[name] == "" {
 			errs = append(errs, fmt.Errorf("method Timing.%s has no doc comment", name))
 		}
+	}
+	if compiled := fleetMethods(); !slices.Equal(compiled, sortedCopy(s.Fleet)) {
+		errs = append(errs, fmt.Errorf("the source declares fleet durations %v, the compiled Timing has %v", s.Fleet, compiled))
+	}
+	for _, name := range s.Fleet {
+		if s.FleetDoc[name] == "" {
+			errs = append(errs, fmt.Errorf("method Timing.%s has no doc comment", name))
+		}
+	}
+	if s.FuncDoc["RolloutBatches"] == "" {
+		errs = append(errs, errors.New("func RolloutBatches has no doc comment"))
 	}
 	for _, name := range []string{"HealthPath", "HealthyStatus"} {
 		if s.ConstDoc[name] == "" {

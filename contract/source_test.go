@@ -60,6 +60,15 @@ func TestLoadSourceReadsEveryField(t *testing.T) {
 	}
 	assert.Contains(t, src.Derived, "WorstCaseDetection")
 	assert.NotContains(t, src.Derived, "Scaled", "Scaled takes an argument: not a derived value")
+	assert.Equal(t, []string{"RolloutMin", "RolloutMax", "RollbackBound", "FailedRolloutMax"}, src.Fleet,
+		"the methods that take a rollout's servers and maxUnavailable, in source order")
+	for _, name := range src.Fleet {
+		assert.True(t, strings.HasPrefix(src.FleetDoc[name], name+" "), "doc of %s: %q", name, src.FleetDoc[name])
+		assert.NotContains(t, src.Derived, name)
+	}
+	assert.True(t, strings.HasPrefix(src.FuncDoc["RolloutBatches"], "RolloutBatches is how many batches"), src.FuncDoc["RolloutBatches"])
+	assert.Contains(t, src.FuncDoc, "CheckRollout")
+	assert.NotContains(t, src.FuncDoc, "RolloutMin", "a method is not a function of the package")
 	assert.Contains(t, src.Rules, infra.RuleDrainOutlasts)
 	assert.Contains(t, src.ConstDoc["HealthPath"], "health")
 }
@@ -143,6 +152,23 @@ func TestLoadSourceFailsLoudly(t *testing.T) {
 			name:    "doc of a derived value removed",
 			edit:    func(s string) string { return dropCommentAbove(s, "func (t Timing) DrainMargin()") },
 			wantErr: []string{"method Timing.DrainMargin has no doc comment"},
+		},
+		{
+			name:    "doc of a fleet value removed",
+			edit:    func(s string) string { return dropCommentAbove(s, "func (t Timing) RollbackBound(") },
+			wantErr: []string{"method Timing.RollbackBound has no doc comment"},
+		},
+		{
+			name:    "doc of RolloutBatches removed",
+			edit:    func(s string) string { return dropCommentAbove(s, "func RolloutBatches(") },
+			wantErr: []string{"func RolloutBatches has no doc comment"},
+		},
+		{
+			name: "the source has a fleet value the binary does not",
+			edit: func(s string) string {
+				return s + "\n// RolloutSpare is not compiled in.\nfunc (t Timing) RolloutSpare(servers, maxUnavailable int) time.Duration { return 0 }\n"
+			},
+			wantErr: []string{"the source declares fleet durations [RolloutMin RolloutMax RollbackBound FailedRolloutMax RolloutSpare], the compiled Timing has [FailedRolloutMax RollbackBound RolloutMax RolloutMin]"},
 		},
 		{
 			name: "Prod sets a field the binary does not know",

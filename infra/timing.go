@@ -341,6 +341,112 @@ func (t Timing) ServerDeployMax() time.Duration {
 	return t.LockWait + t.DeployDowntime() + t.Reentry()
 }
 
+// BatchMax bounds one batch of a rollout or a rollback: ServerDeployMax for
+// its servers' deploys, which run side by side, then ReentryWait for the
+// balancer's verdicts on them, awaited side by side too. A batch still
+// running after that has failed.
+func (t Timing) BatchMax() time.Duration {
+	return t.ServerDeployMax() + t.ReentryWait()
+}
+
+// DefaultMaxUnavailable is the rollout's --max-unavailable when none is
+// given: one server out of service at a time.
+const DefaultMaxUnavailable = 1
+
+// InvalidRolloutError names every problem with a rollout's shape: how many
+// servers it deploys and how many of them may be out of service at once.
+type InvalidRolloutError struct {
+	Servers, MaxUnavailable int
+	Problems                []string
+}
+
+func (e *InvalidRolloutError) Error() string {
+	return fmt.Sprintf("invalid rollout of servers %d with maxUnavailable %d: %s",
+		e.Servers, e.MaxUnavailable, strings.Join(e.Problems, "; "))
+}
+
+// CheckRollout returns an *InvalidRolloutError naming every problem with a
+// rollout of servers servers that takes up to maxUnavailable of them out of
+// service at once (the rollout's --max-unavailable, a percentage already
+// resolved to a count), or nil. There must be a server, and at least one
+// must be allowed out. With more than one server, fewer than all may be: an
+// ALB whose targets are all unhealthy fails open and sends requests to every
+// target, draining ones included, and a rollback goes back maxUnavailable at
+// a time with no canary to keep one server up. A lone server is the whole
+// fleet, whatever maxUnavailable says.
+//
+// RolloutBatches and the Timing methods that count batches panic on a
+// rollout CheckRollout refuses: callers check their input first, as the
+// rollout checks its flags before it touches a server.
+func CheckRollout(servers, maxUnavailable int) error {
+	var problems []string
+	if servers < 1 {
+		problems = append(problems, fmt.Sprintf("servers %d must be at least 1", servers))
+	}
+	if maxUnavailable < 1 {
+		problems = append(problems, fmt.Sprintf("maxUnavailable %d must be at least 1", maxUnavailable))
+	}
+	if servers > 1 && maxUnavailable >= servers {
+		problems = append(problems, fmt.Sprintf(
+			"maxUnavailable %d must be below servers %d: an ALB whose targets are all unhealthy fails open and sends requests to draining targets too",
+			maxUnavailable, servers))
+	}
+	if len(problems) > 0 {
+		return &InvalidRolloutError{Servers: servers, MaxUnavailable: maxUnavailable, Problems: problems}
+	}
+	return nil
+}
+
+// RolloutBatches is how many batches a rollout takes servers through, at
+// most maxUnavailable of them out of service at once: 1 + ⌈(servers − 1) /
+// maxUnavailable⌉. The first batch is a canary of one server, so a broken
+// release takes one server out, not maxUnavailable; the others go
+// maxUnavailable at a time, the last batch taking what is left.
+func RolloutBatches(servers, maxUnavailable int) int {
+	if err := CheckRollout(servers, maxUnavailable); err != nil {
+		panic(err)
+	}
+	rest := servers - 1
+	return 1 + (rest+maxUnavailable-1)/maxUnavailable
+}
+
+// RolloutMin is the theoretical minimum time a rollout takes:
+// RolloutBatches × ServerDeployMin. A batch's servers drain and come back
+// side by side, so a batch takes as long as one server, and the batches go
+// one after another. A sound rollout takes about this long.
+func (t Timing) RolloutMin(servers, maxUnavailable int) time.Duration {
+	return time.Duration(RolloutBatches(servers, maxUnavailable)) * t.ServerDeployMin()
+}
+
+// RolloutMax bounds a rollout that rolls nothing back: RolloutBatches ×
+// BatchMax, every batch at its bound, the last one included even when it
+// fails.
+func (t Timing) RolloutMax(servers, maxUnavailable int) time.Duration {
+	return time.Duration(RolloutBatches(servers, maxUnavailable)) * t.BatchMax()
+}
+
+// RollbackBound is the most an automatic rollback adds to a failed
+// rollout's RolloutMax: RolloutBatches × BatchMax. At worst the last batch
+// failed and every server was touched. They go back to their previous
+// release in reverse order, at most maxUnavailable at a time, through the
+// same drain and re-entry, so each batch is bounded like a rollout's (by
+// BatchMax). Going back through the rollout's own batches in reverse takes
+// RolloutBatches of them; regrouping the servers maxUnavailable at a time
+// from the last one takes ⌈servers / maxUnavailable⌉, which is never more,
+// so the bound holds either way.
+func (t Timing) RollbackBound(servers, maxUnavailable int) time.Duration {
+	return time.Duration(RolloutBatches(servers, maxUnavailable)) * t.BatchMax()
+}
+
+// FailedRolloutMax bounds a rollout whatever happens: RolloutMax +
+// RollbackBound. A rollout that fails in its b-th batch has run b batches
+// and rolls back at most b, so failing in the last is the worst case. A CI
+// job that runs the rollout needs at least this timeout, or it can be cut
+// mid-rollback.
+func (t Timing) FailedRolloutMax(servers, maxUnavailable int) time.Duration {
+	return t.RolloutMax(servers, maxUnavailable) + t.RollbackBound(servers, maxUnavailable)
+}
+
 // Scaled returns t with every duration of the deploy's timeline multiplied
 // by f and the counts kept, so a rehearsal can run the real timeline in a
 // fraction of the time. The result keeps the invariants (ValidateInvariants)

@@ -340,6 +340,7 @@ func TestDerived(t *testing.T) {
 	assert.Equal(t, 6*time.Second, tm.FirstContainerCheck(), "2s + 4s")
 	assert.Equal(t, 58*time.Second, tm.ServerDeployMin(), "30s + 28s")
 	assert.Equal(t, 278*time.Second, tm.ServerDeployMax(), "3m + 70s + 28s")
+	assert.Equal(t, 344*time.Second, tm.BatchMax(), "278s + 66s")
 	assert.Equal(t, 45*time.Second, tm.RequestDeadline(), "AppKeepAlive")
 }
 
@@ -524,4 +525,142 @@ func TestScaledRehearsalKeepsInvariants(t *testing.T) {
 	assert.Zero(t, s.StopGracePeriod%time.Second, "stop grace %v must stay whole seconds", s.StopGracePeriod)
 	assert.InDelta(t, 0.2, float64(s.Drain)/float64(infra.Prod().Drain), 1e-9)
 	assert.Equal(t, float64(infra.Prod().ServerDeployMin())*0.2, math.Round(float64(s.ServerDeployMin())))
+}
+
+func TestCheckRollout(t *testing.T) {
+	tests := []struct {
+		name                    string
+		servers, maxUnavailable int
+		problems                []string // nil: accepted
+	}{
+		{name: "a lone server", servers: 1, maxUnavailable: 1},
+		{name: "a lone server is the whole fleet whatever N says", servers: 1, maxUnavailable: 3},
+		{name: "two servers, one at a time", servers: 2, maxUnavailable: 1},
+		{name: "all but one", servers: 10, maxUnavailable: 9},
+		{name: "N equal to K", servers: 2, maxUnavailable: 2,
+			problems: []string{"maxUnavailable 2 must be below servers 2: an ALB whose targets are all unhealthy fails open"}},
+		{name: "N above K", servers: 3, maxUnavailable: 5, problems: []string{"maxUnavailable 5 must be below servers 3"}},
+		{name: "N zero", servers: 2, maxUnavailable: 0, problems: []string{"maxUnavailable 0 must be at least 1"}},
+		{name: "N zero, one server", servers: 1, maxUnavailable: 0, problems: []string{"maxUnavailable 0 must be at least 1"}},
+		{name: "N negative", servers: 4, maxUnavailable: -1, problems: []string{"maxUnavailable -1 must be at least 1"}},
+		{name: "no servers", servers: 0, maxUnavailable: 1, problems: []string{"servers 0 must be at least 1"}},
+		{name: "everything wrong, all named", servers: -2, maxUnavailable: 0,
+			problems: []string{"servers -2 must be at least 1", "maxUnavailable 0 must be at least 1"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			err := infra.CheckRollout(tt.servers, tt.maxUnavailable)
+			if tt.problems == nil {
+				require.NoError(t, err)
+				return
+			}
+			var ire *infra.InvalidRolloutError
+			require.ErrorAs(t, err, &ire)
+			assert.Equal(t, tt.servers, ire.Servers)
+			assert.Equal(t, tt.maxUnavailable, ire.MaxUnavailable)
+			require.Len(t, ire.Problems, len(tt.problems), "one problem each: %v", ire.Problems)
+			for i, want := range tt.problems {
+				assert.Contains(t, ire.Problems[i], want)
+			}
+			assert.True(t, strings.HasPrefix(err.Error(),
+				fmt.Sprintf("invalid rollout of servers %d with maxUnavailable %d: %s", tt.servers, tt.maxUnavailable, ire.Problems[0])), err.Error())
+			assert.Contains(t, err.Error(), strings.Join(ire.Problems, "; "))
+		})
+	}
+}
+
+// batchSizes is the rollout's plan spelled out: a canary of one, then up to
+// n at a time.
+func batchSizes(k, n int) []int {
+	sizes := []int{1}
+	for left := k - 1; left > 0; left -= n {
+		sizes = append(sizes, min(n, left))
+	}
+	return sizes
+}
+
+func TestRolloutBatches(t *testing.T) {
+	tests := []struct {
+		servers, maxUnavailable, batches int
+	}{
+		{1, 1, 1},  // the canary is the fleet
+		{1, 4, 1},  // so is it whatever N says
+		{2, 1, 2},  // production today: 1, 1
+		{3, 1, 3},  // 1, 1, 1
+		{3, 2, 2},  // 1, 2
+		{4, 2, 3},  // 1, 2, 1: one more than ⌈K / N⌉
+		{5, 2, 3},  // 1, 2, 2
+		{4, 3, 2},  // 1, 3
+		{10, 3, 4}, // 1, 3, 3, 3
+		{10, 4, 4}, // 1, 4, 4, 1
+		{10, 9, 2}, // 1, 9
+		{100, 25, 5},
+	}
+	for _, tt := range tests {
+		t.Run(fmt.Sprintf("K=%d,N=%d", tt.servers, tt.maxUnavailable), func(t *testing.T) {
+			assert.Equal(t, tt.batches, infra.RolloutBatches(tt.servers, tt.maxUnavailable))
+			sizes := batchSizes(tt.servers, tt.maxUnavailable)
+			assert.Len(t, sizes, tt.batches, "batches %v", sizes)
+			sum := 0
+			for _, s := range sizes {
+				sum += s
+			}
+			assert.Equal(t, tt.servers, sum, "every server once: %v", sizes)
+		})
+	}
+}
+
+func TestRolloutFunctionsRefuseWhatCheckRolloutRefuses(t *testing.T) {
+	tm := infra.Prod()
+	for _, kn := range [][2]int{{2, 2}, {2, 0}, {0, 1}, {3, 4}} {
+		k, n := kn[0], kn[1]
+		want := infra.CheckRollout(k, n)
+		require.Error(t, want)
+		assert.PanicsWithErrorf(t, want.Error(), func() { infra.RolloutBatches(k, n) }, "RolloutBatches(%d, %d)", k, n)
+		assert.Panicsf(t, func() { tm.RolloutMin(k, n) }, "RolloutMin(%d, %d)", k, n)
+		assert.Panicsf(t, func() { tm.RolloutMax(k, n) }, "RolloutMax(%d, %d)", k, n)
+		assert.Panicsf(t, func() { tm.RollbackBound(k, n) }, "RollbackBound(%d, %d)", k, n)
+		assert.Panicsf(t, func() { tm.FailedRolloutMax(k, n) }, "FailedRolloutMax(%d, %d)", k, n)
+	}
+}
+
+func TestRolloutDurations(t *testing.T) {
+	// Apart from Prod, so a factor the formulas drop shows: ServerDeployMin
+	// 58s, BatchMax 344s (TestDerived).
+	tm := infra.Timing{
+		HealthCheckInterval: 7 * time.Second, HealthCheckTimeout: 2 * time.Second, HealthyThreshold: 4,
+		NodeSkew: time.Second, Drain: 30 * time.Second, StopGracePeriod: 50 * time.Second,
+		StartTimeout: 20 * time.Second, LockWait: 3 * time.Minute,
+	}
+	const deployMin, batchMax = 58 * time.Second, 344 * time.Second
+	require.Equal(t, deployMin, tm.ServerDeployMin())
+	require.Equal(t, batchMax, tm.BatchMax())
+	tests := []struct {
+		servers, maxUnavailable, batches int
+	}{
+		{1, 1, 1}, {2, 1, 2}, {3, 2, 2}, {4, 2, 3}, {10, 4, 4},
+	}
+	for _, tt := range tests {
+		t.Run(fmt.Sprintf("K=%d,N=%d", tt.servers, tt.maxUnavailable), func(t *testing.T) {
+			b := time.Duration(tt.batches)
+			assert.Equal(t, b*deployMin, tm.RolloutMin(tt.servers, tt.maxUnavailable), "batches × ServerDeployMin")
+			assert.Equal(t, b*batchMax, tm.RolloutMax(tt.servers, tt.maxUnavailable), "batches × BatchMax")
+			assert.Equal(t, b*batchMax, tm.RollbackBound(tt.servers, tt.maxUnavailable), "batches × BatchMax")
+			assert.Equal(t, 2*b*batchMax, tm.FailedRolloutMax(tt.servers, tt.maxUnavailable), "RolloutMax + RollbackBound")
+			// Regrouped from the last server, a rollback needs ⌈K / N⌉
+			// batches: never more than the bound counts.
+			assert.LessOrEqual(t, (tt.servers+tt.maxUnavailable-1)/tt.maxUnavailable, tt.batches)
+		})
+	}
+}
+
+func TestProdRollout(t *testing.T) {
+	p := infra.Prod()
+	require.NoError(t, infra.CheckRollout(2, infra.DefaultMaxUnavailable))
+	assert.Equal(t, 1, infra.DefaultMaxUnavailable, "one server out at a time unless the rollout is told otherwise")
+	assert.Equal(t, 249*time.Second, p.BatchMax(), "220s + 29s")
+	assert.Equal(t, 50*time.Second, p.RolloutMin(2, 1), "2 × 25s")
+	assert.Equal(t, 498*time.Second, p.RolloutMax(2, 1), "2 × 249s")
+	assert.Equal(t, 498*time.Second, p.RollbackBound(2, 1))
+	assert.Equal(t, 996*time.Second, p.FailedRolloutMax(2, 1))
 }

@@ -3,8 +3,10 @@
 // from its Pulumi.<stack>.yaml and the compiled timing contract, and prints
 // every resource the program would create with its inputs, the
 // timing-derived ones marked with the Timing field they come from, then the
-// stack outputs and the contract. No AWS account, credentials or provider
-// plugin are needed, and none is contacted: it is a plan, not a preview.
+// stack outputs and the contract, with the rollout of the stack's own
+// servers (its instanceIds) at the default --max-unavailable. No AWS
+// account, credentials or provider plugin are needed, and none is
+// contacted: it is a plan, not a preview.
 //
 // An invalid timing or stack config exits 1 with every validation error.
 //
@@ -161,7 +163,11 @@ func writePlan(w io.Writer, t infra.Timing, stack infra.StackFile, tfFile string
 	}
 	b.WriteString("\n")
 
-	if err := contract.Write(&b, t); err != nil {
+	fleet, err := contract.StackFleet(stack)
+	if err != nil {
+		return err
+	}
+	if err := contract.Write(&b, t, fleet); err != nil {
 		return fmt.Errorf("write the timing contract: %w", err)
 	}
 	fmt.Fprintf(&b, "\nPlan: %d resources to create in stack %s (%d AWS resources under 1 component). Dry plan only: nothing was sent to AWS.\n",

@@ -3,6 +3,8 @@ package main
 import (
 	"bytes"
 	"errors"
+	"fmt"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -121,7 +123,9 @@ func TestPlanSaysWhatItIsAndListsEverything(t *testing.T) {
 	assert.Regexp(t, `(?m)^  timing\.drain +15s$`, plan)
 	// The contract, as the timing command prints it.
 	var c bytes.Buffer
-	require.NoError(t, contract.Write(&c, infra.Prod()))
+	fleet, err := contract.StackFleet(loadProd(t))
+	require.NoError(t, err)
+	require.NoError(t, contract.Write(&c, infra.Prod(), fleet))
 	assert.Contains(t, plan, strings.TrimSpace(trimLines(c.String())), "the contract follows the resources")
 
 	last := regexp.MustCompile(`Plan: (\d+) resources to create in stack prod \((\d+) AWS resources under 1 component\)\. Dry plan only: nothing was sent to AWS\.\n$`).
@@ -130,6 +134,41 @@ func TestPlanSaysWhatItIsAndListsEverything(t *testing.T) {
 	assert.Equal(t, strconv.Itoa(len(heads)), last[1], "count of resources")
 	assert.Equal(t, strconv.Itoa(len(heads)-1), last[2], "count of AWS resources")
 	assert.NotRegexp(t, `(?m) +$`, plan, "no trailing spaces")
+}
+
+// The plan shows how the rollout takes the stack's own servers through a
+// release: the batches, the time a sound rollout takes and the rollback's
+// bound, at the rollout's default --max-unavailable.
+func TestPlanShowsTheFleetRollout(t *testing.T) {
+	prod := loadProd(t)
+	three := infra.StackFile{Stack: "staging", Config: maps.Clone(prod.Config)}
+	three.Config[infra.KeyInstanceIDs] = `["i-0123456789abcdef0","i-0123456789abcdef1","i-0123456789abcdef2"]`
+	for _, tt := range []struct {
+		stack   infra.StackFile
+		servers int
+		head    string
+	}{
+		{prod, 2, "Fleet rollout: stack prod's 2 servers (mythex-infra:instanceIds in Pulumi.prod.yaml) at --max-unavailable 1, the default"},
+		{three, 3, "Fleet rollout: stack staging's 3 servers (mythex-infra:instanceIds in Pulumi.staging.yaml) at --max-unavailable 1, the default"},
+	} {
+		t.Run(tt.stack.Stack, func(t *testing.T) {
+			var out bytes.Buffer
+			require.NoError(t, writePlan(&out, infra.Prod(), tt.stack, ""))
+			plan := out.String()
+			assert.Contains(t, plan, "\n"+tt.head+"\n")
+			tm, k, n := infra.Prod(), tt.servers, infra.DefaultMaxUnavailable
+			for _, row := range []struct{ name, value string }{
+				{"RolloutBatches", strconv.Itoa(infra.RolloutBatches(k, n))},
+				{"RolloutMin", contract.FormatDuration(tm.RolloutMin(k, n))},
+				{"RolloutMax", contract.FormatDuration(tm.RolloutMax(k, n))},
+				{"RollbackBound", contract.FormatDuration(tm.RollbackBound(k, n))},
+				{"FailedRolloutMax", contract.FormatDuration(tm.FailedRolloutMax(k, n))},
+			} {
+				call := fmt.Sprintf("%s(%d, %d)", row.name, k, n)
+				assert.Regexp(t, `(?m)^  `+regexp.QuoteMeta(call)+` +`+regexp.QuoteMeta(row.value)+` +`+row.name+` `, plan)
+			}
+		})
+	}
 }
 
 // What a reviewer checks before the first `pulumi up`: the bucket policy that

@@ -1,6 +1,7 @@
 // Command timing shows the deploy timing contract (infra.Prod) to people.
 //
-//	timing [show]                      values with reasons, margins, drain timeline
+//	timing [show]                      values with reasons, margins, the prod
+//	                                   fleet's rollout, drain timeline
 //	timing markdown [-o FILE]          TIMING.md (go run ./cmd/timing markdown -o TIMING.md)
 //	timing diff [-o FILE] [-old-name NAME] [-new-name NAME] [-gate] REV [REV2]
 //	                                   the contract at REV against the working
@@ -34,8 +35,9 @@ import (
 )
 
 const usage = `usage:
-  timing [show]                     print the contract: values with reasons, invariants with
-                                    margins, the drain timeline
+  timing [show]                     print the contract: values with reasons, the rollout of
+                                    Pulumi.prod.yaml's servers, invariants with margins, the
+                                    drain timeline
   timing markdown [-o FILE]         print TIMING.md, or write it to FILE
   timing diff [-o FILE] [-old-name NAME] [-new-name NAME] [-gate] REV [REV2]
                                     compare the contract at git revision REV with the working
@@ -98,8 +100,12 @@ func show(args []string, stdout io.Writer) error {
 	if len(args) > 0 {
 		return fmt.Errorf("%w: show takes no arguments, got %q", errUsage, args)
 	}
+	fleet, err := contract.LoadProdFleetHere()
+	if err != nil {
+		return err
+	}
 	t := infra.Prod()
-	if err := contract.Write(stdout, t); err != nil {
+	if err := contract.Write(stdout, t, fleet); err != nil {
 		return err
 	}
 	return t.Validate()
@@ -132,9 +138,13 @@ func markdown(args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
+	fleet, err := contract.LoadProdFleetHere()
+	if err != nil {
+		return err
+	}
 	t := infra.Prod()
 	var buf bytes.Buffer
-	if err := contract.WriteMarkdown(&buf, t, src); err != nil {
+	if err := contract.WriteMarkdown(&buf, t, src, fleet); err != nil {
 		return err
 	}
 	// The file is written even for a broken contract: it shows the broken

@@ -76,7 +76,8 @@ func TestRun(t *testing.T) {
 		stdoutNone bool
 	}{
 		{name: "no arguments shows the contract", args: nil, code: 0, stdout: []string{"Valid: every rule holds.", "Drain timeline"}},
-		{name: "show", args: []string{"show"}, code: 0, stdout: []string{"Invariants"}},
+		{name: "show", args: []string{"show"}, code: 0, stdout: []string{"Invariants",
+			"\nFleet rollout: stack prod's ", "(mythex-infra:instanceIds in Pulumi.prod.yaml) at --max-unavailable 1, the default\n"}},
 		{name: "help", args: []string{"-h"}, code: 0, stdout: []string{"usage:"}},
 		{name: "unknown command", args: []string{"shwo"}, code: 2, stderr: []string{`unknown command "shwo"`, "usage:"}, stdoutNone: true},
 		{name: "show with an argument", args: []string{"show", "x"}, code: 2, stderr: []string{"show takes no arguments"}, stdoutNone: true},
