@@ -216,6 +216,9 @@ func renderTimingEnv(t infra.Timing, breaks []infra.Rule) ([]byte, error) {
 		{"MYTHEX_WATCHDOG_INTERVAL_MS", ms(t.WatchdogInterval)},
 		{"MYTHEX_DEPLOY_DOWNTIME_MS", ms(t.DeployDowntime())},
 		{"MYTHEX_SERVER_DEPLOY_MAX_MS", ms(t.ServerDeployMax())},
+		// The rollout's bound on one batch: how long it waits, after a
+		// signal, for the servers in flight.
+		{"MYTHEX_BATCH_MAX_MS", ms(t.BatchMax())},
 		{"MYTHEX_WATCHDOG_STRIKES", strconv.Itoa(t.WatchdogStrikes)},
 		{"MYTHEX_HEALTH_PATH", infra.HealthPath},
 		{"MYTHEX_HEALTHY_STATUS", strconv.Itoa(infra.HealthyStatus)},

@@ -156,54 +156,6 @@ func TestScriptsRefuseBrokenTimingFile(t *testing.T) {
 	}
 }
 
-// rolloutEnv writes stand-ins for the ssh deploy and the balancer wait that
-// record each call, and fail for the servers named in failDeploy/failWait.
-func rolloutEnv(t *testing.T, failDeploy, failWait string) (env []string, calls string) {
-	t.Helper()
-	dir := t.TempDir()
-	calls = filepath.Join(dir, "calls")
-	write := func(name, body string) string {
-		p := filepath.Join(dir, name)
-		require.NoError(t, os.WriteFile(p, []byte("#!/usr/bin/env bash\nset -euo pipefail\n"+body), 0o755))
-		return p
-	}
-	deploy := write("deploy", `echo "deploy $1 $2" >>"`+calls+`"; [[ "$1" != "`+failDeploy+`" ]]`+"\n")
-	wait := write("wait", `echo "wait $1" >>"`+calls+`"; [[ "$1" != "`+failWait+`" ]]`+"\n")
-	return append(os.Environ(), "MYTHEX_DEPLOY_CMD="+deploy, "MYTHEX_WAIT_IN_SERVICE="+wait), calls
-}
-
-func TestRolloutOneServerAtATime(t *testing.T) {
-	tests := []struct {
-		name                 string
-		failDeploy, failWait string
-		code                 int
-		calls                []string
-		stderr               string
-	}{
-		{"all deploy", "", "", 0,
-			[]string{"deploy s1 v9", "wait s1", "deploy s2 v9", "wait s2", "deploy s3 v9", "wait s3"}, ""},
-		{"stops at the first failed deploy", "s2", "", 1,
-			[]string{"deploy s1 v9", "wait s1", "deploy s2 v9"}, "deploy of v9 to s2 FAILED (exit 1); stopping here. Not deployed: s3"},
-		{"stops when a server does not come back", "", "s1", 1,
-			[]string{"deploy s1 v9", "wait s1"}, "s1 did not come back into service (exit 1); stopping here. Not deployed: s2 s3"},
-		{"last server fails", "s3", "", 1,
-			[]string{"deploy s1 v9", "wait s1", "deploy s2 v9", "wait s2", "deploy s3 v9"}, "Not deployed: none"},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			env, calls := rolloutEnv(t, tt.failDeploy, tt.failWait)
-			cmd := exec.Command("./rollout", "v9", "s1", "s2", "s3")
-			cmd.Env = env
-			var stderr strings.Builder
-			cmd.Stderr = &stderr
-			_ = cmd.Run()
-			assert.Equal(t, tt.code, cmd.ProcessState.ExitCode(), "%s", stderr.String())
-			assert.Equal(t, tt.calls, lines(string(mustRead(t, calls))))
-			assert.Contains(t, stderr.String(), tt.stderr)
-		})
-	}
-}
-
 // mustRender renders one generated file for timing.
 func mustRender(t *testing.T, render func(infra.Timing) ([]byte, error), timing infra.Timing) []byte {
 	t.Helper()

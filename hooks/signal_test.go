@@ -133,12 +133,12 @@ func TestDeployStopsCleanlyUnderASignalStorm(t *testing.T) {
 	}
 }
 
-// Deploy traps signals, and it and lib.sh, which it sources, must never
+// Deploy and rollout trap signals, and they and lib.sh, which deploy sources, must never
 // make bash parse a command's text while a trap may run (see the storm
 // test above): no $(...), <(...) or >(...) outside comments. Arithmetic
 // $((...)) is not parsed as a command.
 func TestNoDollarParen(t *testing.T) {
-	for _, name := range []string{"deploy", "lib.sh"} {
+	for _, name := range []string{"deploy", "lib.sh", "rollout"} {
 		for i, line := range strings.Split(string(mustRead(t, name)), "\n") {
 			if strings.HasPrefix(strings.TrimSpace(line), "#") {
 				continue

@@ -9,6 +9,8 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -122,11 +124,13 @@ type sshRollout struct {
 	appPort                 int
 	// onLine sees each line the rollout prints, as it prints it.
 	onLine func(string)
+	// flags go before the version.
+	flags []string
 }
 
 func (r sshRollout) run(t *testing.T, version string, servers ...simServer) result {
 	t.Helper()
-	args := []string{version}
+	args := append(slices.Clone(r.flags), version)
 	for _, s := range servers {
 		args = append(args, s.name)
 	}
@@ -248,9 +252,12 @@ func TestRolloutOverSSH(t *testing.T) {
 		res := ro.run(t, missing, s3, s4)
 		assert.Equal(t, 1, res.code, "%s", res)
 		assert.Contains(t, res.stdout, "cannot pull "+ImageName(DefaultImagePrefix, Roles[0], missing))
-		assert.Contains(t, res.stderr, "deploy of "+missing+" to s3 FAILED (exit 1); stopping here. Not deployed: s4")
+		assert.Contains(t, res.stderr, "deploy of "+missing+" to s3 FAILED (exit 1)")
 		assert.Contains(t, res.stderr, "ended with exit status 1")
-		assert.NoDirExists(t, s4.Root, "s4 never touched")
+		// s3 ran nothing before: there is no release to go back to.
+		assert.Contains(t, res.stderr, "s3 ran no release before this rollout: nothing to roll back to")
+		assert.Regexp(t, `(?m)^s4 +- +- +no +not started$`, res.stdout)
+		assert.NoDirExists(t, s4.Root, "s4 never touched: asking what it runs created nothing")
 	})
 
 	t.Run("exit status through ssh", func(t *testing.T) {
@@ -270,7 +277,8 @@ func TestRolloutOverSSH(t *testing.T) {
 		res := ro.run(t, tag, s5)
 		assert.Equal(t, 1, res.code, "%s", res)
 		assert.Contains(t, res.stdout, "gave up after "+seconds(short.LockWait)+"s waiting for the server lock")
-		assert.Contains(t, res.stderr, "deploy of "+tag+" to s5 FAILED (exit 75)")
+		assert.Contains(t, res.stderr, "asking what runs on s5 FAILED (exit 75)")
+		assert.Contains(t, res.stderr, "cannot tell what runs on: s5; nothing deployed")
 		assert.NoDirExists(t, filepath.Join(s5.Root, "hooks"), "bootstrap never ran without the lock")
 	})
 
@@ -293,6 +301,7 @@ func TestRolloutOverSSH(t *testing.T) {
 				assert.Equal(t, 1, res.code, "%s", res)
 				assert.Contains(t, res.stderr, "Host key verification failed")
 				assert.Contains(t, res.stderr, "ssh to s6 failed or the connection dropped (exit 255)")
+				assert.Contains(t, res.stderr, "cannot tell what runs on: s6; nothing deployed")
 				assert.NoDirExists(t, rel, "nothing shipped")
 				assert.NoDirExists(t, s6.Root, "nothing run")
 			})
@@ -314,6 +323,9 @@ func TestRolloutOverSSH(t *testing.T) {
 				ssh.Relay.Cut()
 			}
 		}
+		// Left where it is, to see the deploy finish without its caller
+		// (TestRolloutRollsBackOverSSH rolls back).
+		ro.flags = []string{"--no-rollback"}
 		res = ro.run(t, v2, s7)
 		assert.Equal(t, 1, res.code, "%s", res)
 		assert.Contains(t, res.stderr, "ssh to s7 failed or the connection dropped (exit 255)")
@@ -334,4 +346,45 @@ func TestRolloutOverSSH(t *testing.T) {
 func seconds(d time.Duration) string {
 	ms := d.Milliseconds()
 	return fmt.Sprintf("%d.%03d", ms/1000, ms%1000)
+}
+
+// A release whose api never becomes healthy, rolled out over ssh to two
+// servers: the canary's deploy fails, the rollout sends it back through
+// remote-deploy --rollback to the release it ran before (kept on the
+// server), verified, and never touches the other server. The good release's
+// rollout run again finds both servers on it and skips them.
+func TestRolloutRollsBackOverSSH(t *testing.T) {
+	parallel(t, 2)
+	tag := images(t)
+	bad := tag + "-noapi"
+	buildVersion(t, bad)
+	tagImage(t, unhealthyImage(), ImageName(DefaultImagePrefix, "api", bad))
+	ssh := startSSHD(t)
+	s8, s9 := newSimServer(t, 8), newSimServer(t, 9)
+	ro := sshRollout{
+		hooks:    releaseHooks(t, infra.Prod().Scaled(0.2)),
+		config:   clientConfig(t, ssh, ssh.KnownHosts(), "", s8, s9),
+		releases: filepath.Join(t.TempDir(), "releases"),
+		appPort:  freePort(t),
+	}
+	res := ro.run(t, tag, s8, s9)
+	require.Equal(t, 0, res.code, "%s", res)
+
+	res = ro.run(t, bad, s8, s9)
+	assert.Equal(t, 1, res.code, "%s", res)
+	assert.Contains(t, res.stderr, "deploy of "+bad+" to s8 FAILED (exit 1)")
+	assert.Contains(t, res.stdout, "api: container health is")
+	assert.Contains(t, res.stdout, "rolling back to "+tag+" (release "+tag+"-")
+	q := regexp.QuoteMeta(tag)
+	assert.Regexp(t, `(?m)^s8 +`+q+` +`+q+` +yes +FAILED \(deploy exit 1\); rolled back$`, res.stdout)
+	assert.Regexp(t, `(?m)^s9 +`+q+` +`+q+` +yes +not started$`, res.stdout)
+	requireAt(t, s8, tag)
+	requireAt(t, s9, tag)
+	assert.NotContains(t, res.stdout, "deploying "+bad+" to s9")
+
+	res = ro.run(t, tag, s8, s9)
+	require.Equal(t, 0, res.code, "%s", res)
+	assert.Regexp(t, `(?m)^s8 +`+q+` +`+q+` +yes +skipped: already on `+q+`$`, res.stdout)
+	assert.Regexp(t, `(?m)^s9 +`+q+` +`+q+` +yes +skipped: already on `+q+`$`, res.stdout)
+	assert.NotContains(t, res.stdout, "deploying "+tag+" to")
 }

@@ -244,6 +244,17 @@ func TestRolloutRefusesBadInput(t *testing.T) {
 		{"the default wait without its settings", []string{"MYTHEX_DEPLOY_CMD=" + deploy, "MYTHEX_APP_PORT=http"},
 			[]string{"v1", "i-1"},
 			[]string{"MYTHEX_TARGET_GROUP_ARN is not set", "MYTHEX_APP_PORT 'http' must be a port number"}},
+		{"--max-unavailable that takes every server out, or is no number",
+			[]string{"MYTHEX_DEPLOY_CMD=" + deploy, "MYTHEX_WAIT_IN_SERVICE=true"},
+			[]string{"--max-unavailable", "2", "v1", "i-1", "i-2"},
+			[]string{"--max-unavailable '2' lets all 2 servers out of service at once (it allows 2): an ALB whose targets are all unhealthy fails open",
+				"use at most 1"}},
+		{"a percentage of every server", []string{"MYTHEX_DEPLOY_CMD=" + deploy, "MYTHEX_WAIT_IN_SERVICE=true"},
+			[]string{"--max-unavailable=100%", "v1", "i-1", "i-2", "i-3"},
+			[]string{"--max-unavailable '100%' lets all 3 servers out of service at once (it allows 3)"}},
+		{"a server named twice", []string{"MYTHEX_DEPLOY_CMD=" + deploy, "MYTHEX_WAIT_IN_SERVICE=true"},
+			[]string{"v1", "i-1", "i-2", "i-1"},
+			[]string{"SERVER 'i-1' is named twice"}},
 		{"the default deploy with a relative releases directory", []string{"MYTHEX_REMOTE_RELEASES=releases", "MYTHEX_WAIT_IN_SERVICE=true"},
 			[]string{"v1", "i-1"},
 			[]string{"MYTHEX_REMOTE_RELEASES 'releases' must be an absolute path"}},
@@ -271,7 +282,8 @@ func TestRolloutAndDeployAgreeOnVersion(t *testing.T) {
 	for _, v := range []string{"v1", "2026.11.30-abc_1", "_x", "a..b", strings.Repeat("a", 128),
 		strings.Repeat("a", 129), "../x", "..", ".hidden", "-v", "v 1", "v1;id", "v/1", ""} {
 		t.Run(v, func(t *testing.T) {
-			rollout := exec.Command("./rollout", v, "i-1")
+			// "--": a VERSION starting with '-' is otherwise an option.
+			rollout := exec.Command("./rollout", "--", v, "i-1")
 			rollout.Env = append(environWithout("MYTHEX_"), "MYTHEX_DEPLOY_CMD=true", "MYTHEX_WAIT_IN_SERVICE=true")
 			rolloutOut, _ := rollout.CombinedOutput()
 			deploy := exec.Command("./deploy", v)

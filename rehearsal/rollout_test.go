@@ -15,9 +15,10 @@ import (
 	"github.com/mythex/infra/infra"
 )
 
-// fakeServers are servers whose deploy hook only records its arguments and
-// fails for the project named "broken": the rollout script and the control
-// endpoint are real, Docker is not needed.
+// fakeServers are servers whose hooks only record their arguments, keep
+// the release in a file (every server starts on v8) and fail the deploy for
+// the project named "broken": the rollout script and the control endpoint
+// are real, Docker is not needed.
 func fakeServers(t *testing.T, dir string, projects ...string) []*server {
 	t.Helper()
 	hooksDir := filepath.Join(dir, "hooks")
@@ -29,7 +30,23 @@ if [[ "$MYTHEX_PROJECT" == broken ]]; then
   echo "compose up failed" >&2
   exit 1
 fi
+echo "$1" >"$MYTHEX_ROOT/$MYTHEX_PROJECT.release"
 `), 0o755))
+	require.NoError(t, os.WriteFile(filepath.Join(hooksDir, "remote-deploy"), []byte(`#!/usr/bin/env bash
+set -euo pipefail
+state="$MYTHEX_ROOT/$MYTHEX_PROJECT.release"
+case "$1" in
+  --status) echo "release=$(cat "$state") previous= verified=yes" ;;
+  --rollback)
+    echo "rollback to $2 on $MYTHEX_PROJECT"
+    echo "$2" >"$state"
+    ;;
+  *) exit 2 ;;
+esac
+`), 0o755))
+	for _, p := range projects {
+		require.NoError(t, os.WriteFile(filepath.Join(dir, p+".release"), []byte("v8\n"), 0o644))
+	}
 	var servers []*server
 	for i, p := range projects {
 		log, err := os.Create(filepath.Join(dir, p+".log"))
@@ -67,11 +84,13 @@ func TestRolloutDrivesTheRealScript(t *testing.T) {
 		wantErr   []string
 	}{
 		{"every server", []string{"a", "b", "c"}, "", 3, nil},
-		{"a deploy fails: the rollout stops there", []string{"a", "broken", "c"}, "", 1, []string{
-			"deploy of v9 to s2 FAILED (exit ", "; stopping here. Not deployed: s3", "compose up failed",
+		{"a deploy fails: the rollout rolls back", []string{"a", "broken", "c"}, "", 1, []string{
+			"deploy of v9 to s2 FAILED (exit ", "compose up failed", "rolling back s2 to the release before",
+			"s1 runs v8 again", "s3      v8              v8           yes       not started",
 		}},
-		{"a server never back: the rollout stops there", []string{"a", "b", "c"}, "127.0.0.1:2", 1, []string{
-			"s2 did not come back into service (exit ", "; stopping here. Not deployed: s3", "balancer lb1",
+		{"a server never back: the rollout rolls back", []string{"a", "b", "c"}, "127.0.0.1:2", 1, []string{
+			"s2 did not come back into service (exit ", "balancer lb1", "s1 runs v8 again",
+			"s3      v8              v8           yes       not started",
 		}},
 	}
 	for _, tt := range tests {
@@ -122,7 +141,7 @@ func TestControlScriptUsage(t *testing.T) {
 	defer ro.close()
 	out, err := exec.Command(ro.deployCmd, "only-one").CombinedOutput()
 	require.Error(t, err)
-	assert.Contains(t, string(out), "usage: deploy-server SERVER VERSION")
+	assert.Contains(t, string(out), "usage: deploy-server SERVER ARGS...")
 	out, err = exec.Command(ro.waitCmd, "s9").CombinedOutput()
 	require.Error(t, err, "an unknown server fails the command")
 	assert.Contains(t, string(out), `no server "s9"`)
