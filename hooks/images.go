@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"time"
 )
 
 // serviceDockerfile is the reference service's image: the static binary
@@ -103,4 +104,56 @@ func dockerBuild(ctx context.Context, dir string, tags ...string) error {
 		return fmt.Errorf("docker build %v: %w\n%s", tags, err, out)
 	}
 	return nil
+}
+
+// Fault is how a deliberately broken release's api fails, for the
+// rehearsal's broken-release scenarios: a rollout must catch it on its
+// canary and roll back.
+type Fault string
+
+const (
+	// FaultNeverHealthy is an api that serves but whose container health
+	// check can never run (no /service to run it): Docker never calls it
+	// healthy, and the deploy fails once the start timeout passes.
+	FaultNeverHealthy Fault = "never-healthy"
+	// FaultCrashes is an api that starts healthy and crashes after a delay,
+	// once per container (hooks/internal/crashonce): Docker restarts it, and
+	// the deploy's settle window sees the container die.
+	FaultCrashes Fault = "crashes"
+)
+
+// BuildBrokenImages builds tag's images as BuildImages does, then replaces
+// the api's with one that fails as fault says; crashAfter is FaultCrashes'
+// delay from the container's start.
+func BuildBrokenImages(ctx context.Context, repoRoot, tag string, fault Fault, crashAfter time.Duration) error {
+	var dockerfile string
+	switch fault {
+	case FaultNeverHealthy:
+		dockerfile = "FROM scratch\nCOPY service /svc\nENTRYPOINT [\"/svc\"]\n"
+	case FaultCrashes:
+		if crashAfter <= 0 {
+			return fmt.Errorf("build broken images %s: crash delay %v must be positive", tag, crashAfter)
+		}
+		dockerfile = fmt.Sprintf("FROM scratch\nCOPY service /service\nCOPY crashonce /crashonce\nENTRYPOINT [\"/crashonce\", %q, \"/service\"]\n", crashAfter.String())
+	default:
+		return fmt.Errorf("build broken images %s: unknown fault %q", tag, fault)
+	}
+	if err := BuildImages(ctx, repoRoot, tag); err != nil {
+		return err
+	}
+	dir, err := os.MkdirTemp("", "mythex-broken-")
+	if err != nil {
+		return fmt.Errorf("build broken images: %w", err)
+	}
+	defer os.RemoveAll(dir)
+	if err := buildService(ctx, repoRoot, filepath.Join(dir, "service"), tag); err != nil {
+		return err
+	}
+	if err := buildStatic(ctx, repoRoot, "./hooks/internal/crashonce", filepath.Join(dir, "crashonce")); err != nil {
+		return err
+	}
+	if err := os.WriteFile(filepath.Join(dir, "Dockerfile"), []byte(dockerfile), 0o644); err != nil {
+		return fmt.Errorf("build broken images: %w", err)
+	}
+	return dockerBuild(ctx, dir, ImageName(DefaultImagePrefix, "api", tag))
 }

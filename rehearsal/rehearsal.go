@@ -52,6 +52,17 @@ type Config struct {
 	// and awaits re-entry with its own describe-target-health polling,
 	// answered from the balancer nodes: production's path (sshPath).
 	SSH bool
+	// MaxUnavailable is the rollout's --max-unavailable (a count or a
+	// percentage); "" leaves the rollout's default, one server at a time.
+	MaxUnavailable string
+}
+
+// rolloutFlags are the rollout's options for c.
+func (c Config) rolloutFlags() []string {
+	if c.MaxUnavailable == "" {
+		return nil
+	}
+	return []string{"--max-unavailable", c.MaxUnavailable}
 }
 
 // DefaultNodes is the fewest nodes an ALB has: one in each of two zones.
@@ -200,6 +211,18 @@ func (im *images) tag(ctx context.Context, version string) error {
 	}
 	if err := hooks.BuildImages(ctx, im.root, version); err != nil {
 		return fmt.Errorf("build images %s: %w", version, err)
+	}
+	im.mu.Lock()
+	im.tags = append(im.tags, version)
+	im.mu.Unlock()
+	return nil
+}
+
+// broken builds version's images with the api broken as fault says
+// (hooks.BuildBrokenImages).
+func (im *images) broken(ctx context.Context, version string, fault hooks.Fault, crashAfter time.Duration) error {
+	if err := hooks.BuildBrokenImages(ctx, im.root, version, fault, crashAfter); err != nil {
+		return fmt.Errorf("build broken images %s: %w", version, err)
 	}
 	im.mu.Lock()
 	im.tags = append(im.tags, version)
@@ -514,7 +537,7 @@ func (c Config) deploy(ctx context.Context, p Profile, id string, d int, servers
 	}
 	err := observe(ctx, &dr, servers, lbs, load, t, true, func() error {
 		var err error
-		dr.HookSeconds, dr.ServerSeconds, err = ro.run(ctx, version)
+		dr.HookSeconds, dr.ServerSeconds, err = ro.run(ctx, version, c.rolloutFlags()...)
 		return err
 	})
 	return dr, err

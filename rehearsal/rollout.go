@@ -55,9 +55,11 @@ type rollout struct {
 	// rollbacks counts the servers the rollout sent back to their release
 	// before.
 	rollbacks int
-	start     map[string]time.Time
-	hook      map[string]float64
-	total     map[string]float64
+	// output is the last run's output (its tail).
+	output string
+	start  map[string]time.Time
+	hook   map[string]float64
+	total  map[string]float64
 }
 
 // newRollout starts the control endpoint and writes the two commands into
@@ -271,15 +273,17 @@ func (r *rollout) shipping(release string, t infra.Timing) {
 	r.release, r.timing = release, t
 }
 
-// run rolls version across every server with the real rollout script and
-// returns, in server order, the seconds each server's deploy hook ran and
-// the seconds until it was back in service, for the servers it finished.
-func (r *rollout) run(ctx context.Context, version string) (hook, total []float64, err error) {
+// run rolls version across every server with the real rollout script,
+// flags before the version, and returns, in server order, the seconds each
+// server's deploy hook ran and the seconds until it was back in service,
+// for the servers it finished. The rollout's output is kept (lastOutput).
+func (r *rollout) run(ctx context.Context, version string, flags ...string) (hook, total []float64, err error) {
 	r.mu.Lock()
 	r.start, r.hook, r.total = map[string]time.Time{}, map[string]float64{}, map[string]float64{}
 	r.version = version
+	r.rollbacks = 0
 	r.mu.Unlock()
-	args := []string{version}
+	args := append(slices.Clone(flags), version)
 	for _, s := range r.servers {
 		args = append(args, s.name)
 	}
@@ -298,6 +302,7 @@ func (r *rollout) run(ctx context.Context, version string) (hook, total []float6
 	runErr := cmd.Run()
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	r.output = out.String()
 	for _, s := range r.servers {
 		secs, ok := r.total[s.name]
 		if !ok {
@@ -326,4 +331,18 @@ func environWithout(prefix string, names ...string) []string {
 		}
 	}
 	return env
+}
+
+// lastOutput is the tail of the last run's output: its final table.
+func (r *rollout) lastOutput() string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.output
+}
+
+// rolledBack is how many servers the last run rolled back.
+func (r *rollout) rolledBack() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.rollbacks
 }

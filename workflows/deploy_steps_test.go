@@ -271,7 +271,7 @@ func TestRolloutCountsTheLoadBalancersOwnErrors(t *testing.T) {
 	for i, st := range rollout.Steps {
 		names[i] = st.Name
 	}
-	assert.Equal(t, []string{"Note the rollout's start", "Roll out, one server at a time", s.Name}, names[len(names)-3:],
+	assert.Equal(t, []string{"Note the rollout's start", "Roll out, a canary then batches, rolled back on a failure", s.Name}, names[len(names)-3:],
 		"the window is the rollout's")
 	assert.Equal(t, "${{ vars.DEPLOY_MAX_502 || '0' }}", s.Env["MAX_502"], "502 threshold: config, 0 by default")
 	assert.Equal(t, "${{ vars.DEPLOY_MAX_504 || '0' }}", s.Env["MAX_504"], "504 threshold: config, 0 by default")

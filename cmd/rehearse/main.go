@@ -15,11 +15,16 @@
 // symptom users would see. -transition rolls a change of the timing out in
 // both orders (`pulumi up` reloading the balancer nodes, and the rollout of
 // the new release), and exits 1 unless the order infra.CheckTransition
-// calls safe shows no 502 and the other shows 502s.
+// calls safe shows no 502 and the other shows 502s. -fleet rehearses the
+// rollout's batches and rollback: a good release in batches of
+// -max-unavailable after a one-server canary, then a release whose api
+// never becomes healthy and one whose api crashes once, each of which the
+// canary must catch and roll back, with no 502 or 504 throughout.
 //
 //	go run ./cmd/rehearse -servers 3 -deploys 20 -rate 200
 //	go run ./cmd/rehearse -matrix -servers 2 -deploys 1
 //	go run ./cmd/rehearse -transition
+//	go run ./cmd/rehearse -fleet -servers 6 -max-unavailable 2 -scale 1
 package main
 
 import (
@@ -49,7 +54,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs.SetOutput(stderr)
 	c := rehearsal.Config{Progress: stderr}
 	var profiles string
-	var asJSON, matrix, transition bool
+	var asJSON, matrix, transition, fleet bool
 	fs.IntVar(&c.Servers, "servers", 3, fmt.Sprintf("servers (K), each a compose project of four services (%d with -transition)", rehearsal.TransitionServers))
 	fs.IntVar(&c.Nodes, "nodes", rehearsal.DefaultNodes, fmt.Sprintf("balancer nodes, each checking every server on its own (%d with -transition)", rehearsal.TransitionNodes))
 	fs.IntVar(&c.Deploys, "deploys", 3, "rolling deploys per profile (D)")
@@ -63,6 +68,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs.BoolVar(&asJSON, "json", false, "print the report as JSON")
 	fs.BoolVar(&matrix, "matrix", false, "run the invariant matrix instead of -profiles: prod and one profile per breakable relation, each judged on its symptom")
 	fs.BoolVar(&transition, "transition", false, "roll a change of the timing out in both orders instead of -profiles (-deploys does not apply): pulumi up (the balancer nodes reload) and the rollout of the new release, each order judged against infra.CheckTransition")
+	fs.BoolVar(&fleet, "fleet", false, fmt.Sprintf("rehearse fleet rollouts instead of -profiles (-deploys does not apply): a good release in batches, then two broken ones the canary must catch and roll back (%d servers, -max-unavailable %s, -scale %g, unless set)",
+		rehearsal.DefaultFleetServers, rehearsal.DefaultFleetMaxUnavailable, rehearsal.DefaultFleetScale))
+	fs.StringVar(&c.MaxUnavailable, "max-unavailable", "", "the rollout's --max-unavailable: servers deployed at once after the canary (default: the rollout's, one at a time)")
 	fs.BoolVar(&c.SSH, "ssh", false, "deploy through the rollout's own ssh_deploy (a loopback sshd) and await re-entry with its describe-target-health polling, answered from the balancer nodes: production's path")
 	if err := fs.Parse(args); err != nil {
 		return 2
@@ -82,8 +90,15 @@ func run(args []string, stdout, stderr io.Writer) int {
 		}
 		c.RepoRoot = root
 	}
+	if transition && fleet {
+		fmt.Fprintln(stderr, "rehearse: -transition and -fleet are two rehearsals; run one at a time")
+		return 2
+	}
 	if transition {
 		return runTransition(c, set, asJSON, stdout, stderr)
+	}
+	if fleet {
+		return runFleet(c, set, asJSON, stdout, stderr)
 	}
 	if err := c.Validate(); err != nil {
 		fmt.Fprintf(stderr, "rehearse: %v\n", err)
@@ -164,6 +179,62 @@ func runTransition(c rehearsal.Config, set map[string]bool, asJSON bool, stdout,
 	}
 	if r.Failed() {
 		fmt.Fprintln(stderr, "rehearse: FAILED: an order did not show what infra.CheckTransition says of it")
+		return 1
+	}
+	return 0
+}
+
+// runFleet rehearses the fleet scenarios, prints them, and exits 1 unless
+// every scenario passes.
+func runFleet(c rehearsal.Config, set map[string]bool, asJSON bool, stdout, stderr io.Writer) int {
+	var clash []string
+	for _, name := range []string{"matrix", "profiles", "deploys", "ssh"} {
+		if set[name] {
+			clash = append(clash, "-"+name)
+		}
+	}
+	if len(clash) > 0 {
+		fmt.Fprintf(stderr, "rehearse: -fleet rolls each scenario's release out once; it does not take %s\n", strings.Join(clash, ", "))
+		return 2
+	}
+	if !set["servers"] {
+		c.Servers = rehearsal.DefaultFleetServers
+	}
+	if !set["max-unavailable"] {
+		c.MaxUnavailable = rehearsal.DefaultFleetMaxUnavailable
+	}
+	if !set["scale"] {
+		c.Scale = rehearsal.DefaultFleetScale
+	}
+	if err := c.ValidateFleet(); err != nil {
+		fmt.Fprintf(stderr, "rehearse: %v\n", err)
+		return 2
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	r, err := rehearsal.RunFleet(ctx, c)
+	write := r.WriteTable
+	if asJSON {
+		write = r.WriteJSON
+	}
+	if len(r.Rows) > 0 {
+		if werr := write(stdout); werr != nil {
+			fmt.Fprintf(stderr, "rehearse: %v\n", werr)
+			return 1
+		}
+		if !asJSON {
+			if werr := r.Report.WriteTable(stdout); werr != nil {
+				fmt.Fprintf(stderr, "rehearse: %v\n", werr)
+				return 1
+			}
+		}
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "rehearse: %v\n", err)
+		return 1
+	}
+	if r.Failed() {
+		fmt.Fprintln(stderr, "rehearse: FAILED: a fleet scenario did not show what it must")
 		return 1
 	}
 	return 0

@@ -30,6 +30,12 @@ func TestRunRefusesBadInputBeforeTouchingAnything(t *testing.T) {
 		}},
 		{"transition over ssh", []string{"-transition", "-ssh"}, []string{"it does not take -ssh"}},
 		{"unknown flag", []string{"-k", "3"}, []string{"flag provided but not defined: -k"}},
+		{"fleet with what it does not take", []string{"-fleet", "-deploys", "2", "-ssh"},
+			[]string{"-fleet rolls each scenario's release out once; it does not take -deploys, -ssh"}},
+		{"fleet with every server at once", []string{"-fleet", "-servers", "2", "-max-unavailable", "2"},
+			[]string{"maxUnavailable 2 must be below servers 2"}},
+		{"fleet at a scale with no room for the crash", []string{"-fleet", "-scale", "0.2"}, []string{"no crash fits between"}},
+		{"fleet and transition", []string{"-fleet", "-transition"}, []string{"two rehearsals; run one at a time"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -1,0 +1,135 @@
+package rehearsal
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/mythex/infra/infra"
+	"github.com/mythex/infra/internal/dockerlock"
+)
+
+// TestRehearsalFleet is the fleet rollout's CI tier: three servers, two at
+// once after the canary, behind real HAProxy nodes under load; then a
+// release whose api never becomes healthy and one whose api crashes once,
+// each caught by the canary and rolled back. Scale 0.4: the smallest at
+// which a crash fits between Docker's first health check and a node's
+// admission (crashAfter).
+func TestRehearsalFleet(t *testing.T) {
+	require.NoError(t, CheckDocker(context.Background()), "this test needs a running Docker engine")
+	dockerlock.Hold(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
+	defer cancel()
+
+	var progress bytes.Buffer
+	c := Config{
+		RepoRoot:       repoRoot(t),
+		Servers:        3,
+		MaxUnavailable: "2",
+		Rate:           200,
+		Scale:          0.4,
+		Path:           "/work",
+		WorkDir:        t.TempDir(),
+		Progress:       &progress,
+	}
+	r, err := RunFleet(ctx, c)
+	var table bytes.Buffer
+	require.NoError(t, r.WriteTable(&table))
+	require.NoError(t, r.Report.WriteTable(&table))
+	publish(t, "fleet", table.String())
+	require.NoError(t, err, "progress:\n%s", progress.String())
+	require.Len(t, r.Rows, len(fleetCases()))
+	for _, row := range r.Rows {
+		assert.Equal(t, "pass", row.Verdict, "%s: expected %s; observed %s; %s", row.Scenario, row.Expected, row.Observed, row.Error)
+	}
+	batched := r.Report.Profiles[0]
+	require.Equal(t, FleetBatched, batched.Profile)
+	require.Len(t, batched.Deploys, 1)
+	d := batched.Deploys[0]
+	assert.Empty(t, d.NotTakenOut, "every node took every server out on its drain")
+	assert.Empty(t, d.LateOut, "no node was late")
+	assert.Contains(t, r.Rows[0].Table, "deployed")
+	for _, row := range r.Rows[1:] {
+		assert.Contains(t, row.Table, "FAILED (deploy exit 1); rolled back", row.Scenario)
+	}
+}
+
+func TestFleetConfigRefuses(t *testing.T) {
+	good := Config{RepoRoot: "/repo", Servers: 3, MaxUnavailable: "2", Rate: 200, Scale: 0.4, Path: "/work"}
+	require.NoError(t, good.ValidateFleet())
+	for _, tt := range []struct {
+		name   string
+		change func(*Config)
+		want   string
+	}{
+		{"every server at once", func(c *Config) { c.MaxUnavailable = "3" }, "maxUnavailable 3 must be below servers 3"},
+		{"a percentage", func(c *Config) { c.MaxUnavailable = "50%" }, `MaxUnavailable "50%" must be a count`},
+		{"over ssh", func(c *Config) { c.SSH = true }, "does not run over ssh"},
+		{"no room for the crash", func(c *Config) { c.Scale = 0.2 }, "no crash fits between; rehearse it at a scale of 0.4 or more"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			c := good
+			tt.change(&c)
+			assert.ErrorContains(t, c.ValidateFleet(), tt.want)
+			_, err := RunFleet(context.Background(), c)
+			assert.ErrorContains(t, err, tt.want, "RunFleet refuses it before touching Docker")
+		})
+	}
+}
+
+// The crash comes after Docker's first check and before any node can have
+// admitted the api.
+func TestCrashAfter(t *testing.T) {
+	tm := infra.Prod().Scaled(0.4)
+	d, err := crashAfter(tm)
+	require.NoError(t, err)
+	assert.Greater(t, d, tm.ContainerHealthInterval)
+	assert.Less(t, d, time.Duration(tm.HealthyThreshold-1)*tm.HealthCheckInterval)
+	_, err = crashAfter(infra.Prod().Scaled(0.2))
+	assert.Error(t, err)
+}
+
+func TestFleetJudge(t *testing.T) {
+	tm := infra.Prod().Scaled(0.4)
+	good := DeployReport{Version: "v", Verified: true, ServerSeconds: []float64{1, 2, 3}, Counts: Counts{Requests: 100, OK: 100}}
+	table := "server  release before  release now  verified  what happened\ns1 a a yes FAILED (deploy exit 1); rolled back\ns2 a a yes not started\ns3 a a yes not started"
+	batched, broken := fleetCases()[0], fleetCases()[1]
+	for _, tt := range []struct {
+		name string
+		fc   fleetCase
+		dr   DeployReport
+		st   fleetStep
+		pass bool
+	}{
+		{"batched, clean", batched, good, fleetStep{seconds: 30}, true},
+		{"batched, a 502", batched, func() DeployReport { d := good; d.BadGateway = 1; return d }(), fleetStep{seconds: 30}, false},
+		{"batched, a rollback", batched, good, fleetStep{seconds: 30, rolledBack: 1}, false},
+		{"batched, a server missing", batched, func() DeployReport { d := good; d.ServerSeconds = d.ServerSeconds[:2]; return d }(), fleetStep{}, false},
+		{"broken, caught on the canary", broken, good, fleetStep{rolloutErr: errors.New("exit 1"), rolledBack: 1, output: table}, true},
+		{"broken, not caught", broken, good, fleetStep{output: table}, false},
+		{"broken, caught late", broken, good, fleetStep{rolloutErr: errors.New("exit 1"), rolledBack: 2, output: strings.Replace(table, "not started", "deployed; rolled back", 1)}, false},
+		{"broken, not verified", broken, func() DeployReport { d := good; d.Verified = false; return d }(), fleetStep{rolloutErr: errors.New("exit 1"), rolledBack: 1, output: table}, false},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			row := tt.fc.judge(&ProfileReport{Deploys: []DeployReport{tt.dr}}, nil, &tt.st, tm, 3, 2)
+			assert.Equal(t, tt.pass, row.Verdict == "pass", "%+v", row)
+		})
+	}
+	row := batched.judge(&ProfileReport{Deploys: []DeployReport{good}}, nil, &fleetStep{seconds: 30}, tm, 3, 2)
+	assert.Equal(t, 2, row.Batches)
+	assert.InDelta(t, 2*tm.ServerDeployMin().Seconds(), row.RolloutMinSeconds, 1e-9)
+	assert.InDelta(t, 2*tm.ServerDeployMin().Seconds(), row.CeilSeconds, 1e-9)
+	assert.Contains(t, row.Observed, "1.50× RolloutMin (2 batches")
+}
+
+func TestFinalTable(t *testing.T) {
+	out := "[s1] deployed\n2026-12-02T07:00:00Z rollout: s1 runs v, verified\nserver  release before  release now  verified  what happened\ns1      a               b            yes       deployed\n2026-12-02T07:00:01Z rollout: deployed b to all 1 server(s): s1\n"
+	assert.Equal(t, "server  release before  release now  verified  what happened\ns1      a               b            yes       deployed", finalTable(out))
+	assert.Empty(t, finalTable("no table"))
+}
