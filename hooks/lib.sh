@@ -546,7 +546,12 @@ endpoint() {
 verify_service() {
   local svc="$1" version="$2" problem id ep code about role got_version
   local max_time about_path="/about"
-  max_time="`seconds "$MYTHEX_CONTAINER_HEALTH_TIMEOUT_MS"`"
+  # A run whose lock hold is bounded (the watchdog: HOLD_DEADLINE) asks
+  # nothing past it, and each request only for what is left of it.
+  if ! max_time="`http_max_time`"; then
+    echo "$svc: not verified: the lock may be held no longer (bounded by the timing contract)"
+    return 0
+  fi
   if ! problem="`service_problems "$svc"`"; then
     echo "$svc: Docker did not answer"
     return 0
@@ -561,9 +566,17 @@ verify_service() {
     echo "$svc: no published port"
     return 0
   fi
+  if ! max_time="`http_max_time`"; then
+    echo "$svc: not verified: the lock may be held no longer (bounded by the timing contract)"
+    return 0
+  fi
   code="`curl -s -o /dev/null -w '%{http_code}' --max-time "$max_time" "http://$ep$MYTHEX_HEALTH_PATH"`" || true
   [[ "$code" == "$MYTHEX_HEALTHY_STATUS" ]] ||
     echo "$svc: $MYTHEX_HEALTH_PATH at $ep answered ${code:-nothing}, not $MYTHEX_HEALTHY_STATUS"
+  if ! max_time="`http_max_time`"; then
+    echo "$svc: not verified: the lock may be held no longer (bounded by the timing contract)"
+    return 0
+  fi
   if ! about="`curl -fsS --max-time "$max_time" "http://$ep$about_path" 2>&1`"; then
     echo "$svc: $about_path at $ep failed: $about"
     return 0
@@ -575,6 +588,15 @@ verify_service() {
   fi
   [[ "$role" == "$svc" ]] || echo "$svc: $about_path at $ep says role '$role'"
   [[ "$got_version" == "$version" ]] || echo "$svc: $about_path at $ep says version '$got_version', not '$version'"
+}
+
+# http_max_time prints the seconds one verification request may take: the
+# container health check's timeout, or what is left of HOLD_DEADLINE when
+# that comes sooner. It fails when HOLD_DEADLINE has passed.
+http_max_time() {
+  local ms
+  ms="`within_hold "$MYTHEX_CONTAINER_HEALTH_TIMEOUT_MS"`" || return 1
+  seconds "$ms"
 }
 
 # verify_all prints every problem of every service, or nothing.
@@ -692,4 +714,112 @@ reset_strikes() {
     content+="$svc 0"$'\n'
   done
   write_atomic "$STRIKES_FILE" 0644 "$content"
+}
+
+# The containers a watchdog run replaces when it finishes an interrupted
+# deploy are judged as deploy judges the ones it replaces: each must exit 0
+# (its drain fit inside stop_grace_period) and cut no request at its
+# shutdown timeout. Compose removes a container once it has stopped it, so
+# its exit code and log are recorded while compose runs. (deploy has its
+# own copy of this, which replaces every container.)
+WATCH_PIDS=()
+# Set by check_replaced: one line per problem.
+REPLACED_PROBLEMS=()
+
+# watch_replaced DIR records in DIR, in the background, for every running
+# container of the project, its exit code (DIR/<service>.<id>) and its log
+# from now on (.log), with docker logs' exit status (.log-exit): a log
+# Docker cannot read must not pass for one without cut requests. Every
+# watcher ends at the lock-hold bound; none inherits the lock.
+watch_replaced() {
+  local dir="$1" snap svc id status since ms
+  since="`date +%s`" || return 1
+  snap="`snapshot`" || return 1
+  ms="`within_hold "$MYTHEX_DEPLOY_DOWNTIME_MS"`" || return 1
+  while read -r svc id status _; do
+    [[ -n "$id" && "$status" == running ]] || continue
+    # timeout itself in the background, not in a subshell, so that
+    # stop_watching's SIGTERM reaches it, and it passes it on.
+    timeout -s KILL "`seconds "$ms"`" docker wait "$id" >"$dir/$svc.${id:0:12}" 2>/dev/null {LOCK_FD}>&- &
+    WATCH_PIDS+=("$!")
+    record_log "$id" "$dir/$svc.${id:0:12}" "$since" "$ms" {LOCK_FD}>&- &
+    WATCH_PIDS+=("$!")
+  done <<<"$snap"
+}
+
+# record_log ID RECORD SINCE MS (run in the background) copies the
+# container's log into RECORD.log until it stops, then docker logs' status
+# into RECORD.log-exit. Stopped first, it stops docker logs and records
+# nothing.
+record_log() {
+  local child status=0
+  timeout -s KILL "`seconds "$4"`" docker logs --follow --since "$3" "$1" >"$2.log" 2>&1 &
+  child=$!
+  # shellcheck disable=SC2064 # the child's pid, now
+  trap "kill $child 2>/dev/null; exit 1" TERM
+  wait "$child" || status=$?
+  printf '%s\n' "$status" >"$2.log-exit"
+}
+
+# stop_watching ends the watchers still running: each watches a container
+# that was not stopped.
+stop_watching() {
+  local pid
+  for pid in "${WATCH_PIDS[@]}"; do
+    kill "$pid" 2>/dev/null || true
+    wait "$pid" 2>/dev/null || true
+  done
+  WATCH_PIDS=()
+}
+
+# check_replaced DIR logs how each watched container ended and sets
+# REPLACED_PROBLEMS: one that did not exit 0, every request one cut at its
+# shutdown timeout, and one whose log could not be read to tell. A
+# container that was not stopped (compose kept it: it already ran the
+# current release) is no problem.
+check_replaced() {
+  local dir="$1" f name svc id code cut
+  REPLACED_PROBLEMS=()
+  for f in "$dir"/*; do
+    [[ -e "$f" && "$f" != *.log && "$f" != *.log-exit ]] || continue
+    name="${f##*/}"
+    svc="${name%%.*}"
+    id="${name#*.}"
+    code="`cat -- "$f"`" || code=""
+    case "$code" in
+      "")
+        log "$svc: container $id kept (it runs the current release)"
+        continue
+        ;;
+      0) log "$svc: old container $id drained and exited 0" ;;
+      137) REPLACED_PROBLEMS+=("$svc: old container $id exited 137: killed after stop_grace_period `seconds "$MYTHEX_STOP_GRACE_PERIOD_MS"`s, before its drain finished") ;;
+      *) REPLACED_PROBLEMS+=("$svc: old container $id exited $code, not 0") ;;
+    esac
+    if ! cut="`cut_lines "$f"`"; then
+      REPLACED_PROBLEMS+=("$svc: old container $id exited $code but its log could not be read: cannot tell whether it cut requests ($cut)")
+    elif [[ -n "$cut" ]]; then
+      REPLACED_PROBLEMS+=("$svc: old container $id cut `wc -l <<<"$cut"` request(s) at its shutdown timeout: `tr '\n' ',' <<<"$cut" | sed 's/,$//; s/,/, /g'`")
+    fi
+  done
+}
+
+# cut_lines RECORD prints "METHOD PATH" for each request the drain library
+# logged as cut at its shutdown timeout in RECORD.log. When that log was
+# not read to its end, nobody can tell: it prints why and fails.
+cut_lines() {
+  local record="$1" status cut
+  if [[ ! -r "$record.log-exit" ]] || ! status="`cat -- "$record.log-exit"`"; then
+    echo "docker logs did not finish"
+    return 1
+  fi
+  if [[ "$status" != 0 ]]; then
+    echo "docker logs exited $status: `head -n 1 -- "$record.log" 2>/dev/null`"
+    return 1
+  fi
+  cut="`jq -R -r 'fromjson? | select(.msg == "request cut at shutdown timeout" or .msg == "hijacked connection cut at shutdown timeout")
+    | "\(.method) \(.path)"' <"$record.log"`" || {
+    echo "cannot read $record.log"
+    return 1
+  }
+  [[ -z "$cut" ]] || printf '%s\n' "$cut"
 }
