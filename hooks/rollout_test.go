@@ -468,3 +468,15 @@ func TestRolloutRefusesBadMaxUnavailable(t *testing.T) {
 		})
 	}
 }
+
+// What the rollout ships and runs on a server is executable in the
+// repository itself, not only in a test's copy: tar carries the mode over.
+func TestShippedScriptsAreExecutableInGit(t *testing.T) {
+	out, err := exec.Command("git", "ls-files", "-s", "--", "rollout", "remote-deploy", "deploy", "bootstrap", "watchdog").Output()
+	require.NoError(t, err)
+	got := lines(string(out))
+	require.Len(t, got, 5)
+	for _, l := range got {
+		assert.True(t, strings.HasPrefix(l, "100755 "), "not executable in git: %s", l)
+	}
+}

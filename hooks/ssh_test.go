@@ -79,7 +79,11 @@ func releaseHooks(t *testing.T, tm infra.Timing) string {
 	dir := t.TempDir()
 	for _, name := range []string{"rollout", "remote-deploy", "deploy", "bootstrap", "watchdog", "lib.sh", "mythex-watchdog.service"} {
 		data := mustRead(t, name)
-		require.NoError(t, os.WriteFile(filepath.Join(dir, name), data, 0o755))
+		// The checkout's mode, as the rollout ships it: a script the
+		// repository does not mark executable fails here as on a server.
+		fi, err := os.Stat(name)
+		require.NoError(t, err)
+		require.NoError(t, os.WriteFile(filepath.Join(dir, name), data, fi.Mode().Perm()))
 	}
 	files, err := Generated(tm)
 	require.NoError(t, err)
@@ -276,7 +280,7 @@ func TestRolloutOverSSH(t *testing.T) {
 		require.NoError(t, syscall.Flock(int(lock.Fd()), syscall.LOCK_EX))
 		res := ro.run(t, tag, s5)
 		assert.Equal(t, 1, res.code, "%s", res)
-		assert.Contains(t, res.stdout, "gave up after "+seconds(short.LockWait)+"s waiting for the server lock")
+		assert.Contains(t, res.stderr, "gave up after "+seconds(short.LockWait)+"s waiting for the server lock")
 		assert.Contains(t, res.stderr, "asking what runs on s5 FAILED (exit 75)")
 		assert.Contains(t, res.stderr, "cannot tell what runs on: s5; nothing deployed")
 		assert.NoDirExists(t, filepath.Join(s5.Root, "hooks"), "bootstrap never ran without the lock")

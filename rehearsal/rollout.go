@@ -214,12 +214,12 @@ func (r *rollout) handleStatus(w http.ResponseWriter, req *http.Request, s *serv
 	r.mu.Unlock()
 	ctx, cancel := context.WithTimeout(req.Context(), t.ServerDeployMax())
 	defer cancel()
-	var out bytes.Buffer
+	var out, errs bytes.Buffer
 	cmd := s.Command(ctx, "remote-deploy", "--status")
 	cmd.Stdout = &out
-	cmd.Stderr = s.log
+	cmd.Stderr = io.MultiWriter(s.log, &errs)
 	if err := cmd.Run(); err != nil {
-		http.Error(w, fmt.Sprintf("remote-deploy --status on %s: %v", s.name, err), http.StatusInternalServerError)
+		http.Error(w, fmt.Sprintf("remote-deploy --status on %s: %v\n%s", s.name, err, tail(errs.Bytes(), 2000)), http.StatusInternalServerError)
 		return
 	}
 	_, _ = w.Write(out.Bytes())
