@@ -63,6 +63,13 @@ case "$1" in
   *)
     echo "start $server" >>"$dir/events"
     while [[ -e "$dir/hold.$server" ]]; do sleep 0.02; done
+    # FLEET_AT_ONCE: wait up to a second for that many deploys to run at
+    # once, so a batch's overlap shows however busy the machine is.
+    for _ in {1..50}; do
+      [[ -n "${FLEET_AT_ONCE:-}" ]] || break
+      (( $(grep -c '^start' "$dir/events") - $(grep -c '^end' "$dir/events" || true) >= FLEET_AT_ONCE )) && break
+      sleep 0.02
+    done
     sleep 0.05
     echo "end $server" >>"$dir/events"
     has "${FLEET_FAIL:-}" && { echo "compose up failed" >&2; echo "$1" >"$dir/$server.release"; echo no >"$dir/$server.verified"; exit 1; }
@@ -172,6 +179,8 @@ func row(t *testing.T, stdout, s string) []string {
 }
 
 func TestRolloutBatches(t *testing.T) {
+	// Stand-in servers only: no Docker, nothing shared.
+	t.Parallel()
 	tests := []struct {
 		name    string
 		servers int
@@ -188,10 +197,10 @@ func TestRolloutBatches(t *testing.T) {
 		{"one at a time by default", 3, nil, nil, 0,
 			[][]string{{"s1 v2"}, {"s1 wait"}, {"s2 v2"}, {"s2 wait"}, {"s3 v2"}, {"s3 wait"}}, 1,
 			map[string][]string{"s3": {"s3", "v1", "v2", "yes", "deployed"}}, nil},
-		{"a canary, then two at once", 6, []string{"--max-unavailable", "2"}, nil, 0,
+		{"a canary, then two at once", 6, []string{"--max-unavailable", "2"}, []string{"FLEET_AT_ONCE=2"}, 0,
 			[][]string{{"s1 v2"}, {"s1 wait"}, {"s2 v2", "s3 v2", "s2 wait", "s3 wait"}, {"s4 v2", "s5 v2", "s4 wait", "s5 wait"}, {"s6 v2"}, {"s6 wait"}}, 2,
 			nil, nil},
-		{"a percentage rounds down", 6, []string{"--max-unavailable", "50%"}, nil, 0, nil, 3, nil, nil},
+		{"a percentage rounds down", 6, []string{"--max-unavailable", "50%"}, []string{"FLEET_AT_ONCE=3"}, 0, nil, 3, nil, nil},
 		{"a small percentage is one server", 3, []string{"--max-unavailable=10%"}, nil, 0, nil, 1, nil, nil},
 		{"the canary fails: it alone goes back", 4, []string{"--max-unavailable", "2"}, []string{"FLEET_FAIL=s1"}, 1,
 			[][]string{{"s1 v2"}, {"s1 --rollback v1"}, {"s1 wait"}}, 1,
@@ -201,7 +210,7 @@ func TestRolloutBatches(t *testing.T) {
 			},
 			[]string{"deploy of v2 to s1 FAILED (exit 1)"}},
 		{"a later batch fails: every touched server goes back, in reverse", 5, []string{"--max-unavailable", "2"},
-			[]string{"FLEET_FAIL=s4"}, 1,
+			[]string{"FLEET_FAIL=s4", "FLEET_AT_ONCE=2"}, 1,
 			[][]string{{"s1 v2"}, {"s1 wait"}, {"s2 v2", "s3 v2", "s2 wait", "s3 wait"}, {"s4 v2", "s5 v2", "s5 wait"},
 				{"s5 --rollback v1", "s4 --rollback v1", "s5 wait", "s4 wait"},
 				{"s3 --rollback v1", "s2 --rollback v1", "s3 wait", "s2 wait"},
@@ -245,6 +254,7 @@ func TestRolloutBatches(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
 			f := newFleet(t, tt.servers, "v1")
 			res := f.run(t, tt.env, append(append(slices.Clone(tt.flags), "v2"), f.servers...)...)
 			require.Equal(t, tt.code, res.code, "%s", res)
@@ -278,6 +288,8 @@ func TestRolloutBatches(t *testing.T) {
 // any other starts; every later batch starts only when the one before is
 // back.
 func TestRolloutCanaryGoesFirst(t *testing.T) {
+	// Stand-in servers only: no Docker, nothing shared.
+	t.Parallel()
 	f := newFleet(t, 5, "v1")
 	res := f.run(t, nil, append([]string{"--max-unavailable", "2", "v2"}, f.servers...)...)
 	require.Equal(t, 0, res.code, "%s", res)
@@ -291,6 +303,8 @@ func TestRolloutCanaryGoesFirst(t *testing.T) {
 // Running the same rollout again converges: servers already on the release
 // and verified are checked in service and skipped, not redeployed.
 func TestRolloutSkipsServersAlreadyOnTheRelease(t *testing.T) {
+	// Stand-in servers only: no Docker, nothing shared.
+	t.Parallel()
 	f := newFleet(t, 3, "v2")
 	require.NoError(t, os.WriteFile(filepath.Join(f.dir, "s2.release"), []byte("v1\n"), 0o644))
 	// s3 runs v2 but fails its verification: it is deployed again.
@@ -314,6 +328,8 @@ func TestRolloutSkipsServersAlreadyOnTheRelease(t *testing.T) {
 // A server that ran nothing before has nothing to roll back to: the table
 // says so and the others still go back.
 func TestRolloutRollbackOfAFirstDeploy(t *testing.T) {
+	// Stand-in servers only: no Docker, nothing shared.
+	t.Parallel()
 	f := newFleet(t, 2, "")
 	require.NoError(t, os.WriteFile(filepath.Join(f.dir, "s1.release"), []byte("v1\n"), 0o644))
 	res := f.run(t, []string{"FLEET_FAIL=s2"}, "v2", "s1", "s2")
@@ -328,8 +344,11 @@ func TestRolloutRollbackOfAFirstDeploy(t *testing.T) {
 // server is left without a release it runs and has verified; the same
 // rollout run again converges, deploying only what the first did not.
 func TestRolloutSIGTERMMidBatchThenRerunConverges(t *testing.T) {
+	// Stand-in servers only: no Docker, nothing shared.
+	t.Parallel()
 	for _, sig := range []syscall.Signal{syscall.SIGTERM, syscall.SIGINT} {
 		t.Run(sigName(sig), func(t *testing.T) {
+			t.Parallel()
 			f := newFleet(t, 6, "v1")
 			// Batch 2 (s2, s3) is held on the servers until the signal has
 			// arrived.
@@ -435,6 +454,8 @@ func waitForEvent(t *testing.T, f *fleet, line string) {
 }
 
 func TestRolloutRefusesBadMaxUnavailable(t *testing.T) {
+	// Stand-in servers only: no Docker, nothing shared.
+	t.Parallel()
 	for _, tt := range []struct {
 		args []string
 		want string
@@ -449,12 +470,13 @@ func TestRolloutRefusesBadMaxUnavailable(t *testing.T) {
 		{[]string{"--canary"}, "unknown option '--canary'"},
 	} {
 		t.Run(strings.Join(tt.args, " "), func(t *testing.T) {
+			t.Parallel()
 			f := newFleet(t, 3, "v1")
 			args := append(append(slices.Clone(tt.args), "v2"), f.servers...)
 			if len(tt.args) == 1 && tt.args[0] == "--max-unavailable" {
 				args = tt.args // the value is missing: nothing follows
 			}
-			res := f.run(t, nil, args...)
+			res := f.run(t, []string{"FLEET_AT_ONCE=2"}, args...)
 			if tt.want == "" {
 				// 67% of 3 rounds down to 2: allowed.
 				require.Equal(t, 0, res.code, "%s", res)
