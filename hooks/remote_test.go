@@ -1,6 +1,7 @@
 package hooks
 
 import (
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -18,6 +19,14 @@ func TestRemoteDeployStatusAndRollback(t *testing.T) {
 	next := tag + "-next"
 	buildVersion(t, next)
 	s := newServer(t, dockerTiming)
+	// remote-deploy keeps the log of a deploy or rollback beside itself, in
+	// the release directory on a server: here a copy of the scripts.
+	s.HooksDir = t.TempDir()
+	for _, name := range []string{"remote-deploy", "deploy", "lib.sh"} {
+		fi, err := os.Stat(name)
+		require.NoError(t, err)
+		require.NoError(t, os.WriteFile(filepath.Join(s.HooksDir, name), mustRead(t, name), fi.Mode().Perm()))
+	}
 
 	fresh := newServer(t, dockerTiming)
 	res := run(t, fresh, nil, "remote-deploy", "--status")
@@ -55,7 +64,9 @@ func TestRemoteDeployStatusAndRollback(t *testing.T) {
 
 	res = run(t, s, nil, "remote-deploy", "--rollback", "v0-never")
 	assert.Equal(t, 1, res.code, "%s", res)
-	assert.Contains(t, res.stderr, "no release kept in "+filepath.Join(s.Root, "releases")+" runs v0-never; nothing changed")
+	// The detached half's messages come back with its log, on stdout.
+	assert.Contains(t, res.stdout, "no release kept in "+filepath.Join(s.Root, "releases")+" runs v0-never; nothing changed")
+	assert.Contains(t, res.stderr, "rollback to v0-never on this server ended with exit status 1")
 	assert.Equal(t, fresh2, containers(t, s))
 
 	for _, args := range [][]string{{"--rollback"}, {"--status", "x"}, {"--rollback", "../x"}, {"--bogus"}} {

@@ -56,7 +56,7 @@ func TestRehearsalFleet(t *testing.T) {
 	assert.Empty(t, d.LateOut, "no node was late")
 	assert.Contains(t, r.Rows[0].Table, "deployed")
 	for _, row := range r.Rows[1:] {
-		assert.Contains(t, row.Table, "FAILED (deploy exit 1); rolled back", row.Scenario)
+		assert.Regexp(t, `(?m)^s1 .* FAILED \(deploy exit \d+\); rolled back$`, row.Table, "the canary, %s", row.Scenario)
 	}
 }
 
