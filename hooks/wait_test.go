@@ -64,10 +64,20 @@ func runWait(t *testing.T, tm infra.Timing, answers func(c targethealth.Call, si
 	envFile := filepath.Join(t.TempDir(), TimingEnvFile)
 	require.NoError(t, os.WriteFile(envFile, env, 0o644))
 
+	// A deploy that always succeeds, on servers that ran nothing before.
+	deploy := filepath.Join(bin, "deploy-stand-in")
+	require.NoError(t, os.WriteFile(deploy, []byte(`#!/usr/bin/env bash
+state="$(dirname "$0")/release.$1"
+if [[ "$2" == --status ]]; then
+  echo "release=$(cat "$state" 2>/dev/null) previous= verified=yes"
+else
+  echo "$2" >"$state"
+fi
+`), 0o755))
 	cmd := exec.Command("./rollout", append([]string{"v1"}, servers...)...)
 	cmd.Env = append(environWithout("MYTHEX_", "PATH"),
 		"PATH="+bin+string(os.PathListSeparator)+os.Getenv("PATH"),
-		"MYTHEX_DEPLOY_CMD=true",
+		"MYTHEX_DEPLOY_CMD="+deploy,
 		"MYTHEX_TARGET_GROUP_ARN="+waitTestARN,
 		"MYTHEX_APP_PORT=8080",
 		"MYTHEX_TIMING_ENV="+envFile,
@@ -185,7 +195,8 @@ func TestWaitGivesUpWithinTheBound(t *testing.T) {
 	require.Equal(t, 1, res.code, "stdout:\n%s\nstderr:\n%s", res.stdout, res.stderr)
 	assert.Contains(t, res.stderr, "i-1 not back in service after")
 	assert.Contains(t, res.stderr, "last state: unhealthy (Target.Timeout: Request timed out)")
-	assert.Contains(t, res.stderr, "i-1 did not come back into service (exit 1); stopping here. Not deployed: i-2")
+	assert.Contains(t, res.stderr, "i-1 did not come back into service (exit 1)")
+	assert.Regexp(t, `(?m)^i-2 +- +- +yes +not started$`, res.stdout)
 	require.NotEmpty(t, res.calls)
 	took := res.exited.Sub(res.calls[0].At)
 	// The bound runs from the wait's start, just before the first call; the
