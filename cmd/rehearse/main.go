@@ -135,14 +135,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 // runTransition rehearses the timing change in both orders, prints it, and
 // exits 1 unless each order shows what infra.CheckTransition says of it.
 func runTransition(c rehearsal.Config, set map[string]bool, asJSON bool, stdout, stderr io.Writer) int {
-	var clash []string
-	for _, name := range []string{"matrix", "profiles", "deploys", "ssh"} {
-		if set[name] {
-			clash = append(clash, "-"+name)
-		}
-	}
-	if len(clash) > 0 {
-		fmt.Fprintf(stderr, "rehearse: -transition rolls one change out once per order; it does not take %s\n", strings.Join(clash, ", "))
+	if refused(set, stderr, "-transition rolls one change out once per order") {
 		return 2
 	}
 	if !set["servers"] {
@@ -158,19 +151,8 @@ func runTransition(c rehearsal.Config, set map[string]bool, asJSON bool, stdout,
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	r, err := rehearsal.RunTransition(ctx, c)
-	write := r.WriteTable
-	if asJSON {
-		write = r.WriteJSON
-	}
-	if len(r.Orders) > 0 {
-		if werr := write(stdout); werr != nil {
-			fmt.Fprintf(stderr, "rehearse: %v\n", werr)
-			return 1
-		}
-	}
-	if err != nil {
-		fmt.Fprintf(stderr, "rehearse: %v\n", err)
-		return 1
+	if code := printed(len(r.Orders) > 0, err, stdout, stderr, pick(asJSON, r.WriteJSON, r.WriteTable)); code != 0 {
+		return code
 	}
 	for _, o := range r.Orders {
 		if o.Error != "" {
@@ -187,14 +169,7 @@ func runTransition(c rehearsal.Config, set map[string]bool, asJSON bool, stdout,
 // runFleet rehearses the fleet scenarios, prints them, and exits 1 unless
 // every scenario passes.
 func runFleet(c rehearsal.Config, set map[string]bool, asJSON bool, stdout, stderr io.Writer) int {
-	var clash []string
-	for _, name := range []string{"matrix", "profiles", "deploys", "ssh"} {
-		if set[name] {
-			clash = append(clash, "-"+name)
-		}
-	}
-	if len(clash) > 0 {
-		fmt.Fprintf(stderr, "rehearse: -fleet rolls each scenario's release out once; it does not take %s\n", strings.Join(clash, ", "))
+	if refused(set, stderr, "-fleet rolls each scenario's release out once") {
 		return 2
 	}
 	if !set["servers"] {
@@ -213,28 +188,57 @@ func runFleet(c rehearsal.Config, set map[string]bool, asJSON bool, stdout, stde
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	r, err := rehearsal.RunFleet(ctx, c)
-	write := r.WriteTable
-	if asJSON {
-		write = r.WriteJSON
-	}
-	if len(r.Rows) > 0 {
-		if werr := write(stdout); werr != nil {
-			fmt.Fprintf(stderr, "rehearse: %v\n", werr)
-			return 1
+	write := pick(asJSON, r.WriteJSON, func(w io.Writer) error {
+		if err := r.WriteTable(w); err != nil {
+			return err
 		}
-		if !asJSON {
-			if werr := r.Report.WriteTable(stdout); werr != nil {
-				fmt.Fprintf(stderr, "rehearse: %v\n", werr)
-				return 1
-			}
-		}
-	}
-	if err != nil {
-		fmt.Fprintf(stderr, "rehearse: %v\n", err)
-		return 1
+		return r.Report.WriteTable(w)
+	})
+	if code := printed(len(r.Rows) > 0, err, stdout, stderr, write); code != 0 {
+		return code
 	}
 	if r.Failed() {
 		fmt.Fprintln(stderr, "rehearse: FAILED: a fleet scenario did not show what it must")
+		return 1
+	}
+	return 0
+}
+
+// refused reports, for a rehearsal that runs without them, each of -matrix,
+// -profiles, -deploys and -ssh that was set.
+func refused(set map[string]bool, stderr io.Writer, why string) bool {
+	var clash []string
+	for _, name := range []string{"matrix", "profiles", "deploys", "ssh"} {
+		if set[name] {
+			clash = append(clash, "-"+name)
+		}
+	}
+	if len(clash) == 0 {
+		return false
+	}
+	fmt.Fprintf(stderr, "rehearse: %s; it does not take %s\n", why, strings.Join(clash, ", "))
+	return true
+}
+
+// pick is the JSON writer with -json, else the table's.
+func pick(asJSON bool, json, table func(io.Writer) error) func(io.Writer) error {
+	if asJSON {
+		return json
+	}
+	return table
+}
+
+// printed writes a rehearsal's report when it ran, then says how the run
+// ended: 1 when writing or the run failed, else 0.
+func printed(ran bool, runErr error, stdout, stderr io.Writer, write func(io.Writer) error) int {
+	if ran {
+		if err := write(stdout); err != nil {
+			fmt.Fprintf(stderr, "rehearse: %v\n", err)
+			return 1
+		}
+	}
+	if runErr != nil {
+		fmt.Fprintf(stderr, "rehearse: %v\n", runErr)
 		return 1
 	}
 	return 0
@@ -244,19 +248,8 @@ func runFleet(c rehearsal.Config, set map[string]bool, asJSON bool, stdout, stde
 // row's verdict is pass.
 func runMatrix(ctx context.Context, c rehearsal.Config, asJSON bool, stdout, stderr io.Writer) int {
 	m, err := rehearsal.RunMatrix(ctx, c)
-	write := m.WriteTable
-	if asJSON {
-		write = m.WriteJSON
-	}
-	if len(m.Rows) > 0 {
-		if werr := write(stdout); werr != nil {
-			fmt.Fprintf(stderr, "rehearse: %v\n", werr)
-			return 1
-		}
-	}
-	if err != nil {
-		fmt.Fprintf(stderr, "rehearse: %v\n", err)
-		return 1
+	if code := printed(len(m.Rows) > 0, err, stdout, stderr, pick(asJSON, m.WriteJSON, m.WriteTable)); code != 0 {
+		return code
 	}
 	if m.Failed() {
 		fmt.Fprintln(stderr, "rehearse: FAILED: a row's verdict is not pass")
