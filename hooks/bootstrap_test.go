@@ -327,20 +327,3 @@ func TestBootstrapRestagesHalfRemovedHooks(t *testing.T) {
 	out, err := cmd.CombinedOutput()
 	assert.NoError(t, err, "%s", out)
 }
-
-// bootstrap and the watchdog keep deploy's rule (TestNoDollarParen): no
-// $(...), <(...) or >(...) outside comments, so no trap can run while bash
-// parses a command's text.
-func TestNoDollarParenInBootstrapAndWatchdog(t *testing.T) {
-	for _, name := range []string{"bootstrap", "watchdog"} {
-		for i, line := range strings.Split(string(mustRead(t, name)), "\n") {
-			if strings.HasPrefix(strings.TrimSpace(line), "#") {
-				continue
-			}
-			rest := strings.ReplaceAll(line, "$((", "")
-			for _, bad := range []string{"$(", "<(", ">("} {
-				assert.NotContains(t, rest, bad, "%s:%d: %s", name, i+1, line)
-			}
-		}
-	}
-}

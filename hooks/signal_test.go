@@ -133,12 +133,12 @@ func TestDeployStopsCleanlyUnderASignalStorm(t *testing.T) {
 	}
 }
 
-// Deploy and rollout trap signals, and they and lib.sh, which deploy sources, must never
+// Deploy, rollout, bootstrap and the watchdog trap signals, and they and lib.sh must never
 // make bash parse a command's text while a trap may run (see the storm
 // test above): no $(...), <(...) or >(...) outside comments. Arithmetic
 // $((...)) is not parsed as a command.
 func TestNoDollarParen(t *testing.T) {
-	for _, name := range []string{"deploy", "lib.sh", "rollout"} {
+	for _, name := range []string{"deploy", "lib.sh", "rollout", "bootstrap", "watchdog"} {
 		for i, line := range strings.Split(string(mustRead(t, name)), "\n") {
 			if strings.HasPrefix(strings.TrimSpace(line), "#") {
 				continue
