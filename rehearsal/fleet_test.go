@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -55,6 +56,9 @@ func TestRehearsalFleet(t *testing.T) {
 	assert.Empty(t, d.NotTakenOut, "every node took every server out on its drain")
 	assert.Empty(t, d.LateOut, "no node was late")
 	assert.Contains(t, r.Rows[0].Table, "deployed")
+	logs, err := filepath.Glob(filepath.Join(c.RepoRoot, "hooks", "remote-deploy.*.log"))
+	require.NoError(t, err)
+	assert.Empty(t, logs, "a rollback's log stays with its server, out of the repository")
 	for _, row := range r.Rows[1:] {
 		assert.Regexp(t, `(?m)^s1 .* FAILED \(deploy exit \d+\); rolled back$`, row.Table, "the canary, %s", row.Scenario)
 	}

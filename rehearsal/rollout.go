@@ -237,7 +237,14 @@ func (r *rollout) handleRollback(w http.ResponseWriter, req *http.Request, s *se
 	r.mu.Unlock()
 	ctx, cancel := context.WithTimeout(req.Context(), t.ServerDeployMax())
 	defer cancel()
-	if err := s.hook(ctx, "remote-deploy", "--rollback", version); err != nil {
+	// Its log beside the server's, not in the repository's hooks/.
+	var out bytes.Buffer
+	cmd := s.Command(ctx, "remote-deploy", "--rollback", version)
+	cmd.Env = append(cmd.Env, "MYTHEX_REMOTE_LOG_DIR="+s.Root)
+	cmd.Stdout = io.MultiWriter(s.log, &out)
+	cmd.Stderr = cmd.Stdout
+	if err := cmd.Run(); err != nil {
+		err = fmt.Errorf("remote-deploy --rollback %s on %s: %w\n%s", version, s.name, err, tail(out.Bytes(), 3000))
 		http.Error(w, err.Error(), http.StatusInternalServerError)
 		return
 	}
