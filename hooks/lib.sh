@@ -683,14 +683,19 @@ published_checksum() {
 
 # current_version prints the version the current release runs.
 current_version() {
+  release_version "$CURRENT"
+}
+
+# release_version DIR prints the version the release in DIR runs.
+release_version() {
   local line
-  [[ -r "$CURRENT/$VALUES_NAME" ]] || return 1
+  [[ -r "$1/$VALUES_NAME" ]] || return 1
   while IFS= read -r line; do
     if [[ "$line" == MYTHEX_VERSION=* ]]; then
       printf '%s\n' "${line#MYTHEX_VERSION=}"
       return 0
     fi
-  done <"$CURRENT/$VALUES_NAME"
+  done <"$1/$VALUES_NAME"
   return 1
 }
 
