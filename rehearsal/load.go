@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"net"
 	"net/http"
 	"net/url"
@@ -91,6 +92,9 @@ type LoadConfig struct {
 	// Zero Quiet means none.
 	Quiet, QuietEvery time.Duration
 	QuietRate         int
+	// Probe, when set, sends bursts after idle gaps at a keep-alive's edge
+	// during the quiet spells.
+	Probe *Probe
 	// RequestTimeout bounds one request; a request that outlives it is a
 	// client error.
 	RequestTimeout time.Duration
@@ -99,6 +103,38 @@ type LoadConfig struct {
 	MaxRequests int64
 	MaxDuration time.Duration
 }
+
+// Probe is load aimed at the keep-alive race. The balancer pools its
+// upstream connections; a connection the app closes at the moment the
+// balancer sends a request on it is a 502 (the ALB's "target closed the
+// connection ... while the load balancer had an outstanding request"). Steady
+// or random arrivals rarely land there: a balancer reuses its most recently
+// used connection first, and the race window on loopback is about a
+// millisecond (measured: a request sent 1 ms before to 0.5 ms after the
+// app's idle close races it). So during each quiet spell every target gets
+// bursts of Width requests, one per server behind it, each burst sent Gap
+// (give or take the window) after the previous burst was answered: the
+// node's pooled connections idle for just about Gap, then are reused. With
+// Gap at the app's keep-alive, an app that closes before the balancer does
+// is caught in the act; an app that outlasts the balancer never is.
+type Probe struct {
+	// Gap is the idle time aimed at, between a burst's last answer and the
+	// next burst.
+	Gap time.Duration
+	// Width is requests per burst: the servers behind each target, so that
+	// each of them gets one.
+	Width int
+	// Kinds are what the bursts ask, in turn: short ones, so that a burst's
+	// connections go idle together.
+	Kinds []Kind
+}
+
+// The probe's gaps spread over the loopback race window and a little
+// either side of it: Gap − probeEarly to Gap + probeLate.
+const (
+	probeEarly = 2 * time.Millisecond
+	probeLate  = time.Millisecond
+)
 
 // Validate reports every problem with c at once.
 func (c LoadConfig) Validate() error {
@@ -140,6 +176,20 @@ func (c LoadConfig) Validate() error {
 	if c.QuietRate < 0 || c.QuietRate > c.Rate {
 		errs = append(errs, fieldErr("QuietRate", "%d must be within [0, Rate %d]", c.QuietRate, c.Rate))
 	}
+	if p := c.Probe; p != nil {
+		if p.Gap <= probeEarly {
+			errs = append(errs, fieldErr("Probe.Gap", "%v must exceed %v", p.Gap, probeEarly))
+		}
+		if p.Width < 1 {
+			errs = append(errs, fieldErr("Probe.Width", "%d must be at least 1", p.Width))
+		}
+		if len(p.Kinds) == 0 {
+			errs = append(errs, fieldErr("Probe.Kinds", "is empty"))
+		}
+		if c.Quiet == 0 {
+			errs = append(errs, fieldErr("Probe", "needs quiet spells (Quiet is 0)"))
+		}
+	}
 	if c.RequestTimeout <= 0 {
 		errs = append(errs, fieldErr("RequestTimeout", "%v must be positive", c.RequestTimeout))
 	}
@@ -153,6 +203,19 @@ func (c LoadConfig) Validate() error {
 		return fmt.Errorf("load config: %w", err)
 	}
 	return nil
+}
+
+// quietLeft is how much of a quiet spell is left elapsed into the run; zero
+// outside the spells.
+func (c LoadConfig) quietLeft(elapsed time.Duration) time.Duration {
+	if c.Quiet == 0 {
+		return 0
+	}
+	into := elapsed % c.QuietEvery
+	if into < c.QuietEvery-c.Quiet {
+		return 0
+	}
+	return c.QuietEvery - into
 }
 
 // rateAt is the rate due elapsed into the run.
@@ -245,7 +308,19 @@ func StartLoad(ctx context.Context, cfg LoadConfig) (*Load, error) {
 			l.byMethod[k.Method] = &counter{}
 		}
 	}
+	l.wg.Add(1)
 	go l.run(pace, ctx, conns)
+	if cfg.Probe != nil {
+		for _, t := range cfg.Targets {
+			l.wg.Add(1)
+			go l.probe(pace, ctx, t)
+		}
+	}
+	go func() {
+		l.wg.Wait()
+		l.client.CloseIdleConnections()
+		close(l.done)
+	}()
 	return l, nil
 }
 
@@ -253,9 +328,7 @@ func StartLoad(ctx context.Context, cfg LoadConfig) (*Load, error) {
 // rate (integrated over time, quiet spells included) says should have
 // started by now, so a late tick never lowers the rate.
 func (l *Load) run(pace, reqCtx context.Context, conns int) {
-	defer close(l.done)
-	defer l.client.CloseIdleConnections()
-	defer l.wg.Wait()
+	defer l.wg.Done()
 	slots := make(chan struct{}, conns)
 	interval := time.Second / time.Duration(l.cfg.Rate)
 	interval = max(interval, time.Millisecond)
@@ -289,8 +362,66 @@ func (l *Load) run(pace, reqCtx context.Context, conns int) {
 				}
 			}
 			if sent >= l.cfg.MaxRequests {
+				// The run's bound: the probes stop too.
+				l.cancel()
 				return
 			}
+		}
+	}
+}
+
+// probe sends target its bursts in every quiet spell (Probe): one as the
+// spell starts, then one after each gap, as long as a whole gap still fits.
+func (l *Load) probe(pace, reqCtx context.Context, target string) {
+	defer l.wg.Done()
+	p := l.cfg.Probe
+	start := time.Now()
+	sleep := func(d time.Duration) bool {
+		t := time.NewTimer(d)
+		defer t.Stop()
+		select {
+		case <-pace.Done():
+			return false
+		case <-t.C:
+			return true
+		}
+	}
+	var n int
+	burst := func() {
+		var wg sync.WaitGroup
+		for range p.Width {
+			k := p.Kinds[n%len(p.Kinds)]
+			n++
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				l.one(reqCtx, target, k)
+			}()
+		}
+		wg.Wait()
+	}
+	for {
+		elapsed := time.Since(start)
+		if l.cfg.quietLeft(elapsed) == 0 {
+			if !sleep(l.cfg.QuietEvery - l.cfg.Quiet - elapsed%l.cfg.QuietEvery) {
+				return
+			}
+			continue
+		}
+		burst()
+		for {
+			gap := p.Gap - probeEarly + rand.N(probeEarly+probeLate)
+			if l.cfg.quietLeft(time.Since(start)) <= gap {
+				break
+			}
+			if !sleep(gap) {
+				return
+			}
+			burst()
+		}
+		// Out of this spell before looking for the next one.
+		if !sleep(l.cfg.quietLeft(time.Since(start)) + time.Millisecond) {
+			return
 		}
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -148,6 +149,95 @@ func TestLoadQuietSpells(t *testing.T) {
 	assert.Equal(t, 100.0, LoadConfig{Rate: 100}.rateAt(time.Hour), "no quiet spells")
 }
 
+func TestLoadQuietLeft(t *testing.T) {
+	c := LoadConfig{Quiet: 300 * time.Millisecond, QuietEvery: time.Second}
+	assert.Equal(t, time.Duration(0), c.quietLeft(699*time.Millisecond))
+	assert.Equal(t, 300*time.Millisecond, c.quietLeft(700*time.Millisecond))
+	assert.Equal(t, time.Millisecond, c.quietLeft(1999*time.Millisecond))
+	assert.Equal(t, time.Duration(0), c.quietLeft(2*time.Second))
+	assert.Equal(t, time.Duration(0), LoadConfig{}.quietLeft(time.Hour), "no quiet spells")
+}
+
+// TestLoadProbeIdlesConnectionsForTheGap checks the probe's shape on a
+// server that notes when each request arrives: in the spells only, bursts
+// of Width requests together, each burst Gap (within the race window, plus
+// what scheduling adds) after the previous one was answered, as many as
+// fit in a spell.
+func TestLoadProbeIdlesConnectionsForTheGap(t *testing.T) {
+	const (
+		gap   = 150 * time.Millisecond
+		width = 3
+	)
+	var mu sync.Mutex
+	var probes, work []time.Duration
+	start := time.Now()
+	s := httptest.NewServer(http.HandlerFunc(func(_ http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		defer mu.Unlock()
+		if r.URL.Path == "/probe" {
+			probes = append(probes, time.Since(start))
+		} else {
+			work = append(work, time.Since(start))
+		}
+	}))
+	t.Cleanup(s.Close)
+	cfg := LoadConfig{
+		Targets: []string{s.URL}, Mix: getOnly("/work"), Rate: 100,
+		Quiet: 700 * time.Millisecond, QuietEvery: 1500 * time.Millisecond, QuietRate: 0,
+		Probe:          &Probe{Gap: gap, Width: width, Kinds: getOnly("/probe")},
+		RequestTimeout: time.Second, MaxRequests: 1 << 40, MaxDuration: 2900 * time.Millisecond,
+	}
+	l, err := StartLoad(context.Background(), cfg)
+	require.NoError(t, err)
+	<-l.Done()
+	mu.Lock()
+	defer mu.Unlock()
+
+	// Bursts: requests that arrive within a few milliseconds of each other.
+	var bursts [][]time.Duration
+	for i, at := range probes {
+		if i == 0 || at-probes[i-1] > 20*time.Millisecond {
+			bursts = append(bursts, nil)
+		}
+		bursts[len(bursts)-1] = append(bursts[len(bursts)-1], at)
+	}
+	// Two spells (0.8–1.5 s, 2.3–2.9 s, the second cut by MaxDuration), each
+	// with a burst at its start and one a gap after the other while a whole
+	// gap fits: 0.7 s holds 4 gaps, the cut spell 3.
+	require.Len(t, bursts, 5+4, "bursts at %v", bursts)
+	for i, b := range bursts {
+		assert.Len(t, b, width, "burst %d: one request per server behind the target", i)
+		assert.NotZero(t, cfg.quietLeft(b[0]), "burst %d at %v is in a spell", i, b[0])
+		if i == 0 || i == 5 {
+			continue
+		}
+		idle := b[0] - bursts[i-1][len(bursts[i-1])-1]
+		assert.GreaterOrEqual(t, idle, gap-probeEarly, "burst %d: no connection reused before the window", i)
+		assert.Less(t, idle, gap+gap/3, "burst %d: reused about a gap later", i)
+	}
+	for _, at := range work {
+		assert.Zero(t, cfg.quietLeft(at), "the mix is silent in the spells (QuietRate 0); one at %v", at)
+	}
+}
+
+// TestLoadProbeEndsWithTheRun: the probes stop when the run reaches
+// MaxRequests, not only at MaxDuration.
+func TestLoadProbeEndsWithTheRun(t *testing.T) {
+	s, _ := statusServer(t, 200)
+	l, err := StartLoad(context.Background(), LoadConfig{
+		Targets: []string{s.URL}, Mix: getOnly("/work"), Rate: 100,
+		Quiet: 50 * time.Millisecond, QuietEvery: 100 * time.Millisecond, QuietRate: 100,
+		Probe:          &Probe{Gap: 10 * time.Millisecond, Width: 1, Kinds: getOnly("/probe")},
+		RequestTimeout: time.Second, MaxRequests: 20, MaxDuration: time.Hour,
+	})
+	require.NoError(t, err)
+	select {
+	case <-l.Done():
+	case <-time.After(time.Minute):
+		t.Fatal("the probes ran on after MaxRequests")
+	}
+}
+
 // TestLoadOpensAConnectionPerRequest: every request is the first on its
 // client connection, where the balancer node answers as the ALB does (see
 // StartLoad's transport).
@@ -222,10 +312,14 @@ func TestLoadConfigValidate(t *testing.T) {
 		{"https", func(c *LoadConfig) { c.Targets = []string{"https://127.0.0.1:443"} }, []string{"https://127.0.0.1:443"}},
 		{"no targets", func(c *LoadConfig) { c.Targets = nil }, []string{"Targets is empty"}},
 		{"everything wrong at once", func(c *LoadConfig) {
-			*c = LoadConfig{Mix: []Kind{{Method: "PUT", Path: "work", Body: -1}}, Quiet: time.Second, QuietRate: -1}
+			*c = LoadConfig{Mix: []Kind{{Method: "PUT", Path: "work", Body: -1}}, Quiet: time.Second, QuietRate: -1, Probe: &Probe{Gap: probeEarly}}
 		}, []string{
 			"Targets is empty", `Mix[0].Method "PUT"`, `Mix[0].Path "work"`, "Mix[0].Body -1", "Mix[0].Weight 0", "QuietEvery 0s must exceed Quiet 1s", "QuietRate -1", "Rate 0", "RequestTimeout 0s", "MaxRequests 0", "MaxDuration 0s",
+			"Probe.Gap 2ms must exceed 2ms", "Probe.Width 0 must be at least 1", "Probe.Kinds is empty",
 		}},
+		{"probe without quiet spells", func(c *LoadConfig) {
+			c.Probe = &Probe{Gap: time.Second, Width: 1, Kinds: getOnly("/work")}
+		}, []string{"Probe needs quiet spells (Quiet is 0)"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -414,16 +414,24 @@ func (c Config) runProfile(ctx context.Context, p Profile, id, dir string, img *
 	// reuse upstream connections as old as they ever keep them, where a
 	// keep-alive shorter than the idle timeout would race.
 	quiet := t.LBIdleTimeout * 9 / 10
+	mix := APIMix(t, c.Path)
+	// In the spells, bursts idle the pooled connections for as long as the
+	// first to close them keeps them: the app's keep-alive, when it is the
+	// shorter, races the balancer's reuse (Probe). In prod the balancer's
+	// idle timeout is the shorter, and longer than a spell: one burst a
+	// spell, on connections the balancer has just pooled.
+	probe := &Probe{Gap: min(t.AppKeepAlive, t.LBIdleTimeout), Width: len(servers), Kinds: mix[:2]}
 	if p.steady {
-		quiet = 0
+		quiet, probe = 0, nil
 	}
 	load, err := StartLoad(ctx, LoadConfig{
 		Targets:    targets,
-		Mix:        APIMix(t, c.Path),
+		Mix:        mix,
 		Rate:       c.Rate,
 		Quiet:      quiet,
 		QuietEvery: 2 * t.LBIdleTimeout,
 		QuietRate:  max(1, c.Rate/20),
+		Probe:      probe,
 		// Longer than the balancer's own bound (it answers 504 after
 		// LBIdleTimeout), so the balancer always answers first.
 		RequestTimeout: 2 * t.LBIdleTimeout,
@@ -771,7 +779,8 @@ const (
 	postBody = 1 << 10
 )
 
-// APIMix is the rehearsal's load on path under timing t.
+// APIMix is the rehearsal's load on path under timing t; the short kinds
+// come first (the probe asks them).
 func APIMix(t infra.Timing, path string) []Kind {
 	short := fmt.Sprintf("%s?ms=%d", path, shortMs)
 	long := fmt.Sprintf("%s?ms=%d", path, min(t.ShutdownTimeout/2, t.MaxRequest).Milliseconds())
