@@ -354,6 +354,10 @@ func (s *Server) Serve(ln net.Listener) error {
 		}
 	}
 
+	// The shutdown phase, and its timeout, start here: Stopped's Lasted
+	// counts from the deadline's start, not from the listener's close a
+	// moment later, so a cut at the deadline never reports less than it.
+	shutdownStart := time.Now()
 	ctx, cancel := context.WithTimeout(context.Background(), s.cfg.ShutdownTimeout)
 	defer cancel()
 	shutdown := make(chan error, 1)
@@ -362,7 +366,7 @@ func (s *Server) Serve(ln net.Listener) error {
 	// hs.Serve may not have taken ln over yet if the drain was skipped at
 	// once; closing it here makes "listener closed" true either way.
 	_ = ln.Close()
-	since = s.enter(ShuttingDown, since, reason,
+	s.enter(ShuttingDown, since, reason,
 		"in_flight", s.inFlightCount(), "hijacked", s.hijackedCount(),
 		"shutdown_timeout", s.cfg.ShutdownTimeout.String())
 
@@ -379,7 +383,7 @@ func (s *Server) Serve(ln net.Listener) error {
 		reason = ReasonDeadline
 	}
 	s.cancelBase()
-	s.enter(Stopped, since, reason, "cut", cut,
+	s.enter(Stopped, shutdownStart, reason, "cut", cut,
 		"since_drain_start", time.Since(drainStart).Round(time.Millisecond).String())
 	return serveErr
 }
