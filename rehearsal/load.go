@@ -108,8 +108,9 @@ type LoadConfig struct {
 // upstream connections; a connection the app closes at the moment the
 // balancer sends a request on it is a 502 (the ALB's "target closed the
 // connection ... while the load balancer had an outstanding request"). Steady
-// or random arrivals rarely land there: a balancer reuses its most recently
-// used connection first, and the race window on loopback is about a
+// or random arrivals rarely land there (measured: none in a minute at 200
+// requests/s; the node seems to reuse its newest connection first), and the
+// race window on loopback is about a
 // millisecond (measured: a request sent 1 ms before to 0.5 ms after the
 // app's idle close races it). So during each quiet spell every target gets
 // bursts of Width requests, one per server behind it, each burst sent Gap
@@ -220,7 +221,7 @@ func (c LoadConfig) quietLeft(elapsed time.Duration) time.Duration {
 
 // rateAt is the rate due elapsed into the run.
 func (c LoadConfig) rateAt(elapsed time.Duration) float64 {
-	if c.Quiet > 0 && elapsed%c.QuietEvery >= c.QuietEvery-c.Quiet {
+	if c.quietLeft(elapsed) > 0 {
 		return float64(c.QuietRate)
 	}
 	return float64(c.Rate)
@@ -370,6 +371,12 @@ func (l *Load) run(pace, reqCtx context.Context, conns int) {
 	}
 }
 
+// nextGap is the wait before the next burst: Gap, spread over the race
+// window, from Gap − probeEarly up to Gap + probeLate.
+func (p *Probe) nextGap() time.Duration {
+	return p.Gap - probeEarly + rand.N(probeEarly+probeLate)
+}
+
 // probe sends target its bursts in every quiet spell (Probe): one as the
 // spell starts, then one after each gap, as long as a whole gap still fits.
 func (l *Load) probe(pace, reqCtx context.Context, target string) {
@@ -410,7 +417,7 @@ func (l *Load) probe(pace, reqCtx context.Context, target string) {
 		}
 		burst()
 		for {
-			gap := p.Gap - probeEarly + rand.N(probeEarly+probeLate)
+			gap := p.nextGap()
 			if l.cfg.quietLeft(time.Since(start)) <= gap {
 				break
 			}

@@ -193,31 +193,50 @@ func TestLoadProbeIdlesConnectionsForTheGap(t *testing.T) {
 	mu.Lock()
 	defer mu.Unlock()
 
-	// Bursts: requests that arrive within a few milliseconds of each other.
+	// Bursts: requests that arrive well within a gap of each other.
 	var bursts [][]time.Duration
 	for i, at := range probes {
-		if i == 0 || at-probes[i-1] > 20*time.Millisecond {
+		if i == 0 || at-probes[i-1] > gap/2 {
 			bursts = append(bursts, nil)
 		}
 		bursts[len(bursts)-1] = append(bursts[len(bursts)-1], at)
 	}
 	// Two spells (0.8–1.5 s, 2.3–2.9 s, the second cut by MaxDuration), each
 	// with a burst at its start and one a gap after the other while a whole
-	// gap fits: 0.7 s holds 4 gaps, the cut spell 3.
-	require.Len(t, bursts, 5+4, "bursts at %v", bursts)
+	// gap fits: 0.7 s holds 4 gaps, the cut spell 3. A busy machine may
+	// fit fewer, never more.
+	require.GreaterOrEqual(t, len(bursts), 2, "bursts at %v", bursts)
+	require.LessOrEqual(t, len(bursts), 5+4, "bursts at %v", bursts)
 	for i, b := range bursts {
 		assert.Len(t, b, width, "burst %d: one request per server behind the target", i)
 		assert.NotZero(t, cfg.quietLeft(b[0]), "burst %d at %v is in a spell", i, b[0])
-		if i == 0 || i == 5 {
-			continue
+		prev := bursts[max(i-1, 0)]
+		if i == 0 || cfg.quietLeft(prev[0]) < cfg.quietLeft(b[0]) {
+			continue // the first burst of a spell
 		}
-		idle := b[0] - bursts[i-1][len(bursts[i-1])-1]
+		// Timers never fire early: the aim's lower edge holds on any
+		// machine; its spread is TestProbeGapsSpanTheWindow's.
+		idle := b[0] - prev[len(prev)-1]
 		assert.GreaterOrEqual(t, idle, gap-probeEarly, "burst %d: no connection reused before the window", i)
-		assert.Less(t, idle, gap+gap/3, "burst %d: reused about a gap later", i)
 	}
 	for _, at := range work {
 		assert.Zero(t, cfg.quietLeft(at), "the mix is silent in the spells (QuietRate 0); one at %v", at)
 	}
+}
+
+// TestProbeGapsSpanTheWindow: the gaps cover the measured race window (a
+// request 1 ms before to 0.5 ms after the close) and stay within their bounds.
+func TestProbeGapsSpanTheWindow(t *testing.T) {
+	p := &Probe{Gap: 200 * time.Millisecond}
+	lo, hi := time.Hour, time.Duration(0)
+	for range 10000 {
+		g := p.nextGap()
+		require.GreaterOrEqual(t, g, p.Gap-probeEarly)
+		require.Less(t, g, p.Gap+probeLate)
+		lo, hi = min(lo, g), max(hi, g)
+	}
+	assert.LessOrEqual(t, lo, p.Gap-time.Millisecond, "reaches 1 ms early")
+	assert.GreaterOrEqual(t, hi, p.Gap+time.Millisecond/2, "reaches 0.5 ms late")
 }
 
 // TestLoadProbeEndsWithTheRun: the probes stop when the run reaches
