@@ -253,6 +253,10 @@ type Load struct {
 	cancel context.CancelFunc
 	done   chan struct{}
 	wg     sync.WaitGroup
+	// start is the one clock of the spells: the mix and the probes read
+	// it, so the probes never run while the mix is still sending (each
+	// goroutine's own start differs by its scheduling delay).
+	start time.Time
 
 	kinds    []Kind // the mix, each kind repeated by its weight
 	total    counter
@@ -296,6 +300,7 @@ func StartLoad(ctx context.Context, cfg LoadConfig) (*Load, error) {
 		client:    &http.Client{Transport: transport, Timeout: cfg.RequestTimeout},
 		cancel:    cancel,
 		done:      make(chan struct{}),
+		start:     time.Now(),
 		errSample: map[string]int64{},
 	}
 	for _, t := range cfg.Targets {
@@ -335,7 +340,7 @@ func (l *Load) run(pace, reqCtx context.Context, conns int) {
 	interval = max(interval, time.Millisecond)
 	ticker := time.NewTicker(interval)
 	defer ticker.Stop()
-	start := time.Now()
+	start := l.start
 	last := start
 	var sent int64
 	var due float64
@@ -382,7 +387,7 @@ func (p *Probe) nextGap() time.Duration {
 func (l *Load) probe(pace, reqCtx context.Context, target string) {
 	defer l.wg.Done()
 	p := l.cfg.Probe
-	start := time.Now()
+	start := l.start
 	sleep := func(d time.Duration) bool {
 		t := time.NewTimer(d)
 		defer t.Stop()
@@ -390,7 +395,9 @@ func (l *Load) probe(pace, reqCtx context.Context, target string) {
 		case <-pace.Done():
 			return false
 		case <-t.C:
-			return true
+			// Both may be ready at once, and select picks either: the
+			// run's end wins, so no burst follows it.
+			return pace.Err() == nil
 		}
 	}
 	var n int
