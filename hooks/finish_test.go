@@ -186,7 +186,7 @@ func withTimes(t *testing.T, env []byte, set map[string]int64) []byte {
 	return []byte(strings.Join(out, "\n"))
 }
 
-// The watchdog holds the lock for at most DeployDowntime, and finishing an
+// The watchdog holds the lock for at most WatchdogHold, and finishing an
 // interrupted deploy verifies every service over HTTP: each request is
 // bounded by what is left of that hold, and none starts past it. Here the
 // services answer their health check but never /about, and a request may
@@ -211,7 +211,7 @@ func TestWatchdogFinishVerifiesWithinTheLockHold(t *testing.T) {
 
 	s := newServer(t, dockerTiming)
 	env := mustRender(t, RenderTimingEnv, fastTiming)
-	env = withTimes(t, env, map[string]int64{"MYTHEX_DEPLOY_DOWNTIME_MS": hold, "MYTHEX_CONTAINER_HEALTH_TIMEOUT_MS": perRequest})
+	env = withTimes(t, env, map[string]int64{"MYTHEX_WATCHDOG_HOLD_MS": hold, "MYTHEX_CONTAINER_HEALTH_TIMEOUT_MS": perRequest})
 	require.NoError(t, os.WriteFile(filepath.Join(s.ReleaseDir, TimingEnvFile), env, 0o644))
 	installRelease(t, s, "v1")
 	require.NoError(t, os.WriteFile(filepath.Join(s.Root, "state", "deploying"), []byte("v1 v1-test pid 1\n"), 0o644))

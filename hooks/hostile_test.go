@@ -288,7 +288,7 @@ func TestWatchdogUnitIsHardened(t *testing.T) {
 }
 
 // Item 6: systemd bounds a watchdog run: past its own lock-hold bound
-// (DeployDowntime) and, with the stop timeout, within the lock wait, so a
+// (WatchdogHold) and, with the stop timeout, within the lock wait, so a
 // wedged watchdog lets go before a deploy waiting on it gives up.
 func TestWatchdogUnitBoundsItsRun(t *testing.T) {
 	for name, timing := range testTimings {
@@ -299,7 +299,7 @@ func TestWatchdogUnitBoundsItsRun(t *testing.T) {
 			start := mustDuration(t, keys["TimeoutStartSec"])
 			stop := mustDuration(t, keys["TimeoutStopSec"])
 			assert.Equal(t, "oneshot", keys["Type"])
-			assert.Greater(t, start, timing.DeployDowntime(), "the watchdog's own bound fires first")
+			assert.Greater(t, start, timing.WatchdogHold(), "the watchdog's own bound fires first")
 			assert.Positive(t, stop)
 			assert.LessOrEqual(t, start+stop, timing.LockWait, "killed before a waiting deploy gives up")
 		})

@@ -72,7 +72,8 @@ readonly TIMING_KEYS=(MYTHEX_LOCK_WAIT_MS MYTHEX_START_TIMEOUT_MS
   MYTHEX_CONTAINER_HEALTH_TIMEOUT_MS MYTHEX_SETTLE_MS MYTHEX_SETTLE_CHECKS
   MYTHEX_REENTRY_POLL_MS
   MYTHEX_REENTRY_WAIT_MS MYTHEX_WATCHDOG_INTERVAL_MS
-  MYTHEX_DEPLOY_DOWNTIME_MS MYTHEX_SERVER_DEPLOY_MAX_MS MYTHEX_BATCH_MAX_MS
+  MYTHEX_DEPLOY_DOWNTIME_MS MYTHEX_WATCHDOG_HOLD_MS MYTHEX_SERVER_DEPLOY_MAX_MS
+  MYTHEX_BATCH_MAX_MS
   MYTHEX_WATCHDOG_STRIKES MYTHEX_HEALTH_PATH MYTHEX_HEALTHY_STATUS
   MYTHEX_SERVICES MYTHEX_COMPOSE_VARS)
 
@@ -740,7 +741,7 @@ watch_replaced() {
   local dir="$1" snap svc id status since ms
   since="`date +%s`" || return 1
   snap="`snapshot`" || return 1
-  ms="`within_hold "$MYTHEX_DEPLOY_DOWNTIME_MS"`" || return 1
+  ms="`within_hold "$MYTHEX_WATCHDOG_HOLD_MS"`" || return 1
   while read -r svc id status _; do
     [[ -n "$id" && "$status" == running ]] || continue
     # timeout itself in the background, not in a subshell, so that

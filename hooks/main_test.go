@@ -157,13 +157,17 @@ func tagImage(t *testing.T, src, dst string) {
 }
 
 // scaledWithoutContainers is Prod scaled by f for scripts that start no
-// container. Scaled keeps the container health check's numbers, the host's
-// cost of a check; with nothing checked they shrink with the rest, and the
-// timing stays valid below the scale a real check allows.
+// container. Scaled keeps the container health check's numbers and the
+// engine's work, the host's costs; with nothing started they shrink with the
+// rest, and the timing stays valid below the scale a real check allows.
 func scaledWithoutContainers(f float64) infra.Timing {
 	t := infra.Prod().Scaled(f)
 	t.ContainerHealthInterval = time.Duration(float64(t.ContainerHealthInterval) * f)
 	t.ContainerHealthTimeout = t.ContainerHealthInterval
+	// The lock wait keeps its margin past the watchdog's hold.
+	engine := time.Duration(float64(t.EngineWork) * f)
+	t.LockWait -= t.EngineWork - engine
+	t.EngineWork = engine
 	return t
 }
 

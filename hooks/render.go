@@ -215,6 +215,7 @@ func renderTimingEnv(t infra.Timing, breaks []infra.Rule) ([]byte, error) {
 		{"MYTHEX_REENTRY_WAIT_MS", ms(t.ReentryWait())},
 		{"MYTHEX_WATCHDOG_INTERVAL_MS", ms(t.WatchdogInterval)},
 		{"MYTHEX_DEPLOY_DOWNTIME_MS", ms(t.DeployDowntime())},
+		{"MYTHEX_WATCHDOG_HOLD_MS", ms(t.WatchdogHold())},
 		{"MYTHEX_SERVER_DEPLOY_MAX_MS", ms(t.ServerDeployMax())},
 		// The rollout's bound on one batch: how long it waits, after a
 		// signal, for the servers in flight.
@@ -263,15 +264,15 @@ WantedBy=timers.target
 
 // WatchdogTimeouts are the systemd bounds of one watchdog run: start is
 // TimeoutStartSec, stop is TimeoutStopSec. The watchdog bounds its own lock
-// hold by DeployDowntime; systemd's start timeout is the backstop past it,
+// hold by WatchdogHold; systemd's start timeout is the backstop past it,
 // half of the lock wait's margin later, and the stop timeout (SIGTERM to
 // SIGKILL) takes the other half, so a wedged watchdog has let go of the lock
 // before a deploy that began waiting when it started gives up.
 func WatchdogTimeouts(t infra.Timing) (start, stop time.Duration) {
-	half := ((t.LockWait - t.DeployDowntime()) / 2).Truncate(time.Millisecond)
+	half := ((t.LockWait - t.WatchdogHold()) / 2).Truncate(time.Millisecond)
 	// A zero margin would render 0, which systemd reads as no timeout.
 	half = max(half, time.Millisecond)
-	return t.DeployDowntime() + half, half
+	return t.WatchdogHold() + half, half
 }
 
 // RenderService renders the watchdog's systemd unit. bootstrap replaces
@@ -296,7 +297,7 @@ Wants=docker.service
 Type=oneshot
 Environment="MYTHEX_ROOT=@MYTHEX_ROOT@"
 ExecStart="@MYTHEX_ROOT@/hooks/watchdog"
-# The watchdog bounds its own lock hold by DeployDowntime (%[3]s); this is
+# The watchdog bounds its own lock hold by WatchdogHold (%[3]s); this is
 # the backstop, and with TimeoutStopSec it ends within LockWait (%[4]s).
 TimeoutStartSec=%[1]s
 TimeoutStopSec=%[2]s
@@ -325,7 +326,7 @@ LockPersonality=yes
 SystemCallArchitectures=native
 RestrictAddressFamilies=AF_UNIX AF_INET AF_INET6
 UMask=0022
-`, span(start), span(stop), span(t.DeployDowntime()), span(t.LockWait)), nil
+`, span(start), span(stop), span(t.WatchdogHold()), span(t.LockWait)), nil
 }
 
 // Generated returns every file go generate writes into hooks/, by name.

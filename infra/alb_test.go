@@ -32,7 +32,7 @@ func altTiming(t *testing.T) Timing {
 	tm.AppKeepAlive = 150 * time.Second
 	tm.StartTimeout = 90 * time.Second
 	tm.MaxPlannedDowntime = 150 * time.Second
-	tm.LockWait = 150 * time.Second
+	tm.LockWait = 165 * time.Second
 	tm.WatchdogInterval = 70 * time.Second
 	require.NoError(t, tm.Validate(), "the alternative timing must be valid")
 	return tm

@@ -105,9 +105,9 @@ func TestValidateRejects(t *testing.T) {
 		{"deregistration cuts requests", map[string]any{"DeregistrationDelay": 9 * time.Second},
 			infra.RuleDeregCovers, []string{"DeregistrationDelay", "ShutdownTimeout"},
 			"DeregistrationDelay 9s must cover ShutdownTimeout 10s"},
-		{"lock wait shorter than a restart", map[string]any{"LockWait": 89 * time.Second},
-			infra.RuleLockOutlasts, []string{"LockWait", "StopGracePeriod", "StartTimeout"},
-			"LockWait 1m29s must cover the longest a watchdog run holds the lock, one restart of every due service at once: StopGracePeriod 30s + StartTimeout 1m0s = 1m30s"},
+		{"lock wait shorter than a watchdog's hold", map[string]any{"LockWait": 104 * time.Second},
+			infra.RuleLockOutlasts, []string{"LockWait", "StopGracePeriod", "StartTimeout", "EngineWork"},
+			"LockWait 1m44s must cover the longest a watchdog run holds the lock, one restart of every due service at once and its verification: StopGracePeriod 30s + StartTimeout 1m0s + EngineWork 15s = 1m45s"},
 		{"container check slower than the earliest re-entry", map[string]any{"ContainerHealthInterval": 6 * time.Second},
 			infra.RuleContainerFaster, []string{"ContainerHealthInterval", "HealthCheckInterval", "HealthyThreshold"},
 			"ContainerHealthInterval 6s must not exceed the earliest re-entry 5s ((HealthyThreshold 2 - 1) × HealthCheckInterval 5s)"},
@@ -196,8 +196,9 @@ func TestBoundaries(t *testing.T) {
 		{"deploy downtime a nanosecond over", map[string]any{"MaxPlannedDowntime": p.DeployDowntime() - 1}, infra.RuleDowntimePlanned, true},
 		{"deregistration exactly the shutdown timeout", map[string]any{"DeregistrationDelay": p.ShutdownTimeout}, infra.RuleDeregCovers, false},
 		{"deregistration a nanosecond short", map[string]any{"DeregistrationDelay": p.ShutdownTimeout - 1}, infra.RuleDeregCovers, true},
-		{"lock wait exactly a restart", map[string]any{"LockWait": p.DeployDowntime()}, infra.RuleLockOutlasts, false},
-		{"lock wait a nanosecond short", map[string]any{"LockWait": p.DeployDowntime() - 1}, infra.RuleLockOutlasts, true},
+		{"lock wait exactly the watchdog's hold", map[string]any{"LockWait": p.WatchdogHold()}, infra.RuleLockOutlasts, false},
+		{"lock wait a nanosecond short", map[string]any{"LockWait": p.WatchdogHold() - 1}, infra.RuleLockOutlasts, true},
+		{"engine work a nanosecond too long", map[string]any{"EngineWork": p.LockWait - p.DeployDowntime() + 1}, infra.RuleLockOutlasts, true},
 		{"container check exactly the earliest re-entry", map[string]any{"ContainerHealthInterval": p.EarliestReentry()}, infra.RuleContainerFaster, false},
 		{"container check a nanosecond slower", map[string]any{"ContainerHealthInterval": p.EarliestReentry() + 1}, infra.RuleContainerFaster, true},
 		{"start a nanosecond past the first check", map[string]any{"StartTimeout": p.FirstContainerCheck() + 1}, infra.RuleStartCovers, false},
@@ -321,6 +322,7 @@ func TestDerived(t *testing.T) {
 		StartTimeout: 20 * time.Second, LockWait: 3 * time.Minute,
 		WatchdogInterval: 30 * time.Second, WatchdogStrikes: 5,
 		ContainerHealthInterval: 2 * time.Second, ContainerHealthTimeout: 4 * time.Second,
+		EngineWork: 9 * time.Second,
 	}
 	assert.Equal(t, 23*time.Second, tm.WorstCaseDetection(), "7s × 3 + 2s")
 	assert.Equal(t, 7*time.Second, tm.DrainMargin(), "30s − 23s")
@@ -337,6 +339,7 @@ func TestDerived(t *testing.T) {
 	assert.Equal(t, 5*time.Second, tm.KeepAliveMargin(), "45s − 40s")
 	assert.Equal(t, 2*time.Minute, tm.WatchdogTolerance(), "(5 − 1) × 30s")
 	assert.Equal(t, 70*time.Second, tm.DeployDowntime(), "50s + 20s")
+	assert.Equal(t, 79*time.Second, tm.WatchdogHold(), "70s + 9s")
 	assert.Equal(t, 6*time.Second, tm.FirstContainerCheck(), "2s + 4s")
 	assert.Equal(t, 58*time.Second, tm.ServerDeployMin(), "30s + 28s")
 	assert.Equal(t, 278*time.Second, tm.ServerDeployMax(), "3m + 70s + 28s")
@@ -357,11 +360,15 @@ func TestScaled(t *testing.T) {
 		}
 	}
 	// The durations that are the host's, not the timeline's.
-	hostBound := map[string]bool{"ContainerHealthInterval": true, "ContainerHealthTimeout": true}
+	hostBound := map[string]bool{"ContainerHealthInterval": true, "ContainerHealthTimeout": true, "EngineWork": true}
 	s := reflect.ValueOf(tm.Scaled(0.5))
 	for i := 0; i < s.NumField(); i++ {
 		name := s.Type().Field(i).Name
-		if hostBound[name] {
+		if name == "LockWait" {
+			// The scaled hold (1.5 s + 1.5 s + 3 s) and half the margin
+			// past it (3 s − 9 s).
+			assert.Equal(t, int64(3*time.Second), s.Field(i).Int(), "LockWait: the hold kept whole, its margin scaled")
+		} else if hostBound[name] {
 			assert.Equalf(t, int64(3*time.Second), s.Field(i).Int(), "%s is the host's and is kept", name)
 		} else if s.Field(i).Type() == durationType {
 			assert.Equalf(t, int64(1500*time.Millisecond), s.Field(i).Int(), "%s is scaled", name)
@@ -434,7 +441,7 @@ func wrongValues(p infra.Timing) map[string][]any {
 		"KillMargin": {0, -time.Second, p.KillSlack() + 1},
 		"StopGracePeriod": {0, -time.Second, p.StopGracePeriod + time.Second/2,
 			whole(p.ShutdownDeadline() + p.KillMargin - time.Second),
-			p.MaxPlannedDowntime - p.StartTimeout + time.Second, p.LockWait - p.StartTimeout + time.Second},
+			p.MaxPlannedDowntime - p.StartTimeout + time.Second, p.LockWait - p.StartTimeout - p.EngineWork + time.Second},
 		"DeregistrationDelay": {-time.Second, p.ShutdownTimeout - time.Second, 3601 * time.Second,
 			p.DeregistrationDelay + time.Second/2},
 		"LBIdleTimeout": {0, -time.Second, p.AppKeepAlive, 4001 * time.Second, p.LBIdleTimeout + time.Second/2,
@@ -445,8 +452,9 @@ func wrongValues(p infra.Timing) map[string][]any {
 		"ContainerHealthInterval": {0, -time.Nanosecond, p.EarliestReentry() + 1, p.StartTimeout - p.ContainerHealthTimeout},
 		"ContainerHealthTimeout":  {0, -time.Nanosecond, p.StartTimeout - p.ContainerHealthInterval},
 		"StartTimeout": {0, -time.Second, p.FirstContainerCheck(), p.MaxPlannedDowntime - p.StopGracePeriod + 1,
-			p.LockWait - p.StopGracePeriod + 1},
-		"LockWait":           {0, -time.Second, p.DeployDowntime() - 1},
+			p.LockWait - p.StopGracePeriod - p.EngineWork + 1},
+		"EngineWork":         {0, -time.Nanosecond, p.LockWait - p.DeployDowntime() + 1},
+		"LockWait":           {0, -time.Second, p.WatchdogHold() - 1},
 		"WatchdogInterval":   {0, -time.Second, p.MaxPlannedDowntime / time.Duration(p.WatchdogStrikes-1)},
 		"WatchdogStrikes":    {0, -1, p.WatchdogStrikes - 1},
 		"MaxPlannedDowntime": {0, -time.Second, p.WatchdogTolerance(), p.DeployDowntime() - 1},
@@ -498,8 +506,9 @@ func TestSweepStepsInwardAreValid(t *testing.T) {
 		{"Drain", p.StopGracePeriod - p.ShutdownTimeout - p.KillMargin},
 		{"ShutdownTimeout", p.StopGracePeriod - p.Drain - p.KillMargin},
 		{"KillMargin", p.KillSlack()},
-		{"StartTimeout", p.LockWait - p.StopGracePeriod},
-		{"LockWait", p.DeployDowntime()},
+		{"StartTimeout", p.LockWait - p.StopGracePeriod - p.EngineWork},
+		{"EngineWork", p.LockWait - p.DeployDowntime()},
+		{"LockWait", p.WatchdogHold()},
 		{"ContainerHealthInterval", p.EarliestReentry()},
 		{"WatchdogInterval", p.MaxPlannedDowntime/time.Duration(p.WatchdogStrikes-1) + time.Second},
 		{"MaxPlannedDowntime", p.WatchdogTolerance() - 1},

@@ -67,6 +67,7 @@ func TestPlanMarksEveryTimingInputWithItsField(t *testing.T) {
 	slow.DeregistrationDelay = 45 * time.Second
 	slow.LBIdleTimeout = 120 * time.Second
 	slow.AppKeepAlive = 150 * time.Second
+	slow.LockWait = 130 * time.Second
 	require.NoError(t, slow.Validate(), "the second timing must be valid")
 
 	for name, tm := range map[string]infra.Timing{"prod": infra.Prod(), "slow": slow} {
