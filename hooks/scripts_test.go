@@ -1,6 +1,7 @@
 package hooks
 
 import (
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -134,9 +135,13 @@ func TestDeployRefusesBadInput(t *testing.T) {
 }
 
 func TestScriptsRefuseBrokenTimingFile(t *testing.T) {
-	s := newServer(t, infra.Prod().Scaled(0.2))
+	tm := infra.Prod().Scaled(0.2)
+	s := newServer(t, tm)
 	env := string(mustRead(t, filepath.Join(s.ReleaseDir, TimingEnvFile)))
-	env = strings.Replace(env, "MYTHEX_LOCK_WAIT_MS=24000", "MYTHEX_LOCK_WAIT_MS=24s", 1)
+	lockWait := fmt.Sprintf("MYTHEX_LOCK_WAIT_MS=%d\n", tm.LockWait.Milliseconds())
+	require.Contains(t, env, lockWait)
+	env = strings.Replace(env, lockWait, "MYTHEX_LOCK_WAIT_MS=24s\n", 1)
+	require.Contains(t, env, "MYTHEX_WATCHDOG_STRIKES=4\n")
 	env = strings.Replace(env, "MYTHEX_WATCHDOG_STRIKES=4\n", "", 1)
 	env += "not a setting\n"
 	require.NoError(t, os.WriteFile(filepath.Join(s.ReleaseDir, TimingEnvFile), []byte(env), 0o644))
