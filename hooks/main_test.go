@@ -165,9 +165,9 @@ func scaledWithoutContainers(f float64) infra.Timing {
 	t.ContainerHealthInterval = time.Duration(float64(t.ContainerHealthInterval) * f)
 	t.ContainerHealthTimeout = t.ContainerHealthInterval
 	// The lock wait keeps its margin past the watchdog's hold.
-	engine := time.Duration(float64(t.EngineWork) * f)
-	t.LockWait -= t.EngineWork - engine
-	t.EngineWork = engine
+	margin := t.LockWait - t.WatchdogHold()
+	t.EngineWork = time.Duration(float64(t.EngineWork) * f)
+	t.LockWait = t.WatchdogHold() + margin
 	return t
 }
 
