@@ -52,6 +52,18 @@ readonly CURRENT="$MYTHEX_ROOT/current"
 readonly COMPOSE_NAME="compose.yaml"
 readonly CHECKSUM_NAME="compose.yaml.sha256"
 readonly VALUES_NAME="deployed.env"
+# In a release directory: which hooks deployed it (hook-releases/<id>), so a
+# rollback to it runs those hooks again. Absent when none were installed.
+readonly HOOKS_REF_NAME="hooks.ref"
+# The installed hooks: $MYTHEX_ROOT/hooks links to one whole directory of
+# hook-releases/, named by the first 16 hex digits of hooks_sum.
+readonly HOOK_RELEASES="$MYTHEX_ROOT/hook-releases"
+readonly HOOKS_LINK="$MYTHEX_ROOT/hooks"
+# What a hooks directory holds, with each file's mode: the scripts, their
+# numbers and the watchdog's unit templates, all a rollback needs to install
+# the hooks of the release before again.
+readonly HOOK_FILES=("deploy 0755" "watchdog 0755" "bootstrap 0755" "lib.sh 0644" "timing.env 0644"
+  "mythex-watchdog.service 0644" "mythex-watchdog.timer 0644")
 readonly STATE_DIR="$MYTHEX_ROOT/state"
 readonly STRIKES_FILE="$STATE_DIR/strikes"
 # Present from the moment a deploy may change what runs until it has
@@ -662,6 +674,37 @@ checksum_ok() {
   read -r want _ <"$dir/$CHECKSUM_NAME" || return 1
   got="`sha256sum <"$dir/$COMPOSE_NAME"`" || return 1
   [[ "${got%% *}" == "$want" ]]
+}
+
+# hooks_sum DIR prints the SHA-256 of the hooks in DIR, all of them in one
+# order; it fails when one is missing.
+hooks_sum() {
+  local sum entry files=()
+  for entry in "${HOOK_FILES[@]}"; do
+    files+=("${entry%% *}")
+  done
+  sum=`cd -- "$1" && cat -- "${files[@]}" | sha256sum` || return 1
+  printf '%s\n' "${sum%% *}"
+}
+
+# installed_hooks prints which hooks are installed (hook-releases/<id>, what
+# the hooks link names), or nothing when bootstrap never linked them.
+installed_hooks() {
+  local target
+  target="`readlink -- "$HOOKS_LINK" 2>/dev/null`" || return 0
+  if [[ "$target" =~ ^hook-releases/[0-9a-f]{16}$ ]]; then
+    printf '%s\n' "$target"
+  fi
+}
+
+# hooks_whole REF succeeds when REF (hook-releases/<id>) names a hooks
+# directory that holds every hook file, unchanged since it was installed:
+# its contents hash to its name.
+hooks_whole() {
+  local ref="$1" sum
+  [[ "$ref" =~ ^hook-releases/[0-9a-f]{16}$ ]] || return 1
+  sum="`hooks_sum "$MYTHEX_ROOT/$ref" 2>/dev/null`" || return 1
+  [[ "${sum:0:16}" == "${ref#hook-releases/}" ]]
 }
 
 # published_checksum prints the checksum published with the release in

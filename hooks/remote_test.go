@@ -44,6 +44,9 @@ func TestRemoteDeployStatusAndRollback(t *testing.T) {
 	res = run(t, s, nil, "remote-deploy", "--rollback", tag)
 	require.Equal(t, 0, res.code, "%s", res)
 	assert.Contains(t, res.stdout, "rolling back to "+tag+" (release "+tag+"-")
+	// Deployed without bootstrap, the releases name no hooks: this
+	// release's deploy runs, and says the installed hooks stay.
+	assert.Contains(t, res.stdout, "no hooks it was deployed with are recorded: the installed hooks stay")
 	assert.Contains(t, res.stdout, "verified: api orchestrator gateway publish-worker")
 	fresh2 := containers(t, s)
 	for _, role := range Roles {

@@ -355,8 +355,11 @@ func seconds(d time.Duration) string {
 // A release whose api never becomes healthy, rolled out over ssh to two
 // servers: the canary's deploy fails, the rollout sends it back through
 // remote-deploy --rollback to the release it ran before (kept on the
-// server), verified, and never touches the other server. The good release's
-// rollout run again finds both servers on it and skips them.
+// server), verified, and never touches the other server. The broken release
+// ships hooks of its own (another timing: other numbers, another watchdog
+// timer): the rollback puts back the hooks, numbers and units of the
+// release before too, not just its containers. The good release's rollout
+// run again finds both servers on it and skips them.
 func TestRolloutRollsBackOverSSH(t *testing.T) {
 	parallel(t, 2)
 	tag := images(t)
@@ -365,30 +368,78 @@ func TestRolloutRollsBackOverSSH(t *testing.T) {
 	tagImage(t, unhealthyImage(), ImageName(DefaultImagePrefix, "api", bad))
 	ssh := startSSHD(t)
 	s8, s9 := newSimServer(t, 8), newSimServer(t, 9)
+	good := infra.Prod().Scaled(0.2)
 	ro := sshRollout{
-		hooks:    releaseHooks(t, infra.Prod().Scaled(0.2)),
+		hooks:    releaseHooks(t, good),
 		config:   clientConfig(t, ssh, ssh.KnownHosts(), "", s8, s9),
 		releases: filepath.Join(t.TempDir(), "releases"),
 		appPort:  freePort(t),
 	}
 	res := ro.run(t, tag, s8, s9)
 	require.Equal(t, 0, res.code, "%s", res)
+	good8, good9 := installedHooks(t, s8), installedHooks(t, s9)
 
-	res = ro.run(t, bad, s8, s9)
+	other := good
+	other.WatchdogInterval += time.Second
+	broken := ro
+	broken.hooks = releaseHooks(t, other)
+	res = broken.run(t, bad, s8, s9)
 	assert.Equal(t, 1, res.code, "%s", res)
 	assert.Contains(t, res.stderr, "deploy of "+bad+" to s8 FAILED (exit 1)")
 	assert.Contains(t, res.stdout, "api: container health is")
 	assert.Contains(t, res.stdout, "rolling back to "+tag+" (release "+tag+"-")
+	assert.Contains(t, res.stdout, "with the hooks that deployed it (hook-releases/")
 	q := regexp.QuoteMeta(tag)
 	assert.Regexp(t, `(?m)^s8 +`+q+` +`+q+` +yes +FAILED \(deploy exit 1\); rolled back$`, res.stdout)
 	assert.Regexp(t, `(?m)^s9 +`+q+` +`+q+` +yes +not started$`, res.stdout)
 	requireAt(t, s8, tag)
 	requireAt(t, s9, tag)
 	assert.NotContains(t, res.stdout, "deploying "+bad+" to s9")
+	// The broken release's bootstrap had installed its hooks on s8; the
+	// rollback put the good release's back, byte for byte.
+	assert.Contains(t, res.stdout, "installed hooks into "+s8.Root+"/hooks", "the broken release's bootstrap ran on s8")
+	assert.Equal(t, good8, installedHooks(t, withHooks(t, s8, ro.hooks)), "installedHooks reads what bootstrap installs")
+	assert.NotEqual(t, good8, installedHooks(t, withHooks(t, s8, broken.hooks)), "the two releases' hooks differ")
+	assert.Equal(t, good8, installedHooks(t, s8), "s8 runs the hooks, numbers and units of the release before")
+	assert.Equal(t, good9, installedHooks(t, s9), "s9 untouched")
 
 	res = ro.run(t, tag, s8, s9)
 	require.Equal(t, 0, res.code, "%s", res)
 	assert.Regexp(t, `(?m)^s8 +`+q+` +`+q+` +yes +skipped: already on `+q+`$`, res.stdout)
 	assert.Regexp(t, `(?m)^s9 +`+q+` +`+q+` +yes +skipped: already on `+q+`$`, res.stdout)
 	assert.NotContains(t, res.stdout, "deploying "+tag+" to")
+}
+
+// installedHooks is what a server runs its hooks and watchdog with: every
+// file the hooks link names, and the units bootstrap installed, by name.
+func installedHooks(t *testing.T, s simServer) map[string]string {
+	t.Helper()
+	out := map[string]string{}
+	for _, name := range []string{"deploy", "watchdog", "bootstrap", "lib.sh", TimingEnvFile} {
+		out["hooks/"+name] = string(mustRead(t, filepath.Join(s.Root, "hooks", name)))
+	}
+	for _, name := range []string{ServiceFile, TimerFile} {
+		out["systemd/"+name] = string(mustRead(t, filepath.Join(s.Root, "systemd", name)))
+	}
+	return out
+}
+
+// withHooks is what installedHooks would read from a server that installed
+// the hooks in dir: its files, and its unit templates as bootstrap writes
+// them for s's root.
+func withHooks(t *testing.T, s simServer, dir string) simServer {
+	t.Helper()
+	root := t.TempDir()
+	for _, name := range []string{"deploy", "watchdog", "bootstrap", "lib.sh", TimingEnvFile, ServiceFile, TimerFile} {
+		data := mustRead(t, filepath.Join(dir, name))
+		sub := "hooks"
+		if name == ServiceFile || name == TimerFile {
+			sub = "systemd"
+			data = []byte(strings.ReplaceAll(string(data), "@MYTHEX_ROOT@", s.Root))
+		}
+		require.NoError(t, os.MkdirAll(filepath.Join(root, sub), 0o755))
+		require.NoError(t, os.WriteFile(filepath.Join(root, sub, name), data, 0o644))
+	}
+	s.Root = root
+	return s
 }
