@@ -17,6 +17,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/mythex/infra/infra"
 )
 
 // fleet is a set of stand-in servers for the rollout: its deploy command
@@ -488,6 +490,33 @@ func TestRolloutRefusesBadMaxUnavailable(t *testing.T) {
 			assert.Contains(t, res.stderr, "nothing deployed")
 			assert.Empty(t, f.calls(t), "no server touched")
 		})
+	}
+}
+
+// The rollout (bash, on the CI runner) and the contract (infra, which the
+// dry plan, TIMING.md and the rollout's bounds read) each decide which
+// --max-unavailable a fleet takes and how many batches it makes: they agree
+// on every fleet of up to seven servers, so neither can drift alone.
+func TestRolloutAgreesWithTheContract(t *testing.T) {
+	// Stand-in servers only: no Docker, nothing shared.
+	t.Parallel()
+	for k := 1; k <= 7; k++ {
+		for n := 1; n <= 8; n++ {
+			t.Run(fmt.Sprintf("%d servers, %d at once", k, n), func(t *testing.T) {
+				t.Parallel()
+				f := newFleet(t, k, "v1")
+				res := f.run(t, nil, append([]string{"--max-unavailable", fmt.Sprint(n), "v2"}, f.servers...)...)
+				if err := infra.CheckRollout(k, n); err != nil {
+					assert.Equal(t, 2, res.code, "the contract refuses it (%v): %s", err, res)
+					assert.Contains(t, res.stderr, "out of service at once")
+					assert.Empty(t, f.calls(t), "no server touched")
+					return
+				}
+				require.Equal(t, 0, res.code, "the contract allows it: %s", res)
+				assert.Contains(t, res.stdout, fmt.Sprintf("deploying v2 to %d server(s) in %d batch(es)", k, infra.RolloutBatches(k, n)))
+				assert.LessOrEqual(t, f.mostAtOnce(t), n)
+			})
+		}
 	}
 }
 
