@@ -72,6 +72,28 @@ func TestRemoteDeployStatusAndRollback(t *testing.T) {
 	assert.Contains(t, res.stderr, "rollback to v0-never on this server ended with exit status 1")
 	assert.Equal(t, fresh2, containers(t, s))
 
+	// A release whose recorded hooks are gone (pruned, or not whole): this
+	// release's deploy runs, and says which hooks it could not use.
+	deploy(t, s, next)
+	all, err := filepath.Glob(filepath.Join(s.Root, "releases", tag+"-*"))
+	require.NoError(t, err)
+	var kept []string
+	for _, dir := range all {
+		if !strings.HasPrefix(filepath.Base(dir), next+"-") {
+			kept = append(kept, dir)
+		}
+	}
+	require.Len(t, kept, 1, "the release before, beside %s's", next)
+	require.NoError(t, os.WriteFile(filepath.Join(kept[0], "hooks.ref"), []byte("hook-releases/0123456789abcdef\n"), 0o444))
+	res = run(t, s, nil, "remote-deploy", "--rollback", tag)
+	require.Equal(t, 0, res.code, "%s", res)
+	assert.Contains(t, res.stdout, "its hooks (hook-releases/0123456789abcdef) are no longer whole on this server: the installed hooks stay")
+	assert.Contains(t, res.stdout, "verified: api orchestrator gateway publish-worker")
+	fresh2 = containers(t, s)
+	for _, role := range Roles {
+		assert.Equal(t, tag, ask(t, fresh2[role]).Version, role)
+	}
+
 	for _, args := range [][]string{{"--rollback"}, {"--status", "x"}, {"--rollback", "../x"}, {"--bogus"}} {
 		res = run(t, s, nil, "remote-deploy", args...)
 		assert.Equal(t, 2, res.code, "%v: %s", args, res)
