@@ -50,10 +50,15 @@ type FleetRow struct {
 	RolloutSeconds float64 `json:"rollout_s"`
 	// Batches is infra.RolloutBatches: the canary, then batches of N.
 	Batches int `json:"batches"`
-	// RolloutMinSeconds is infra's RolloutMin (Batches × ServerDeployMin);
-	// CeilSeconds is ⌈K/N⌉ × ServerDeployMin, the batches without a canary.
+	// RolloutMinSeconds is infra's RolloutMin (Batches × ServerDeployMin):
+	// the floor, since no batch is shorter than one server's drain and
+	// re-entry. CeilSeconds is ⌈K/N⌉ × ServerDeployMin, the batches without
+	// a canary.
 	RolloutMinSeconds float64 `json:"rollout_min_s"`
 	CeilSeconds       float64 `json:"ceil_k_over_n_min_s"`
+	// Timeline is where the rollout's time went: its questions to the
+	// servers before and after, and each batch.
+	Timeline Timeline `json:"timeline"`
 	// Table is the rollout's own final table.
 	Table   string `json:"rollout_table"`
 	Verdict string `json:"verdict"`
@@ -218,6 +223,8 @@ type fleetStep struct {
 	rolledBack int
 	// rolloutErr is how the rollout ended.
 	rolloutErr error
+	// timeline is where the rollout's time went.
+	timeline Timeline
 }
 
 // steps rolls the scenario's release out once with --max-unavailable n.
@@ -245,6 +252,7 @@ func (fc fleetCase) steps(n int, delay time.Duration, st *fleetStep) func(contex
 			st.seconds = time.Since(start).Seconds()
 			st.output = f.ro.lastOutput()
 			st.rolledBack = f.ro.rolledBack()
+			st.timeline = f.ro.lastTimeline()
 			if fc.fault == "" {
 				return st.rolloutErr
 			}
@@ -278,12 +286,16 @@ func (fc fleetCase) judge(pr *ProfileReport, runErr error, st *fleetStep, t infr
 	row.RolloutMinSeconds = t.RolloutMin(k, n).Seconds()
 	row.CeilSeconds = math.Ceil(float64(k)/float64(n)) * t.ServerDeployMin().Seconds()
 	row.Table = finalTable(st.output)
+	row.Timeline = st.timeline
 	untouched := strings.Count(row.Table, "not started")
 	observed := fmt.Sprintf("%d 502, %d 504 in %d requests; verified %s on %s", dr.BadGateway, dr.Timeout, dr.Requests, yesNo(dr.Verified), dr.Version)
 	ok := runErr == nil && dr.ReachedNothing() == 0 && dr.Verified
 	if fc.fault == "" {
 		observed += fmt.Sprintf("; rollout %.1fs = %.2f× RolloutMin (%d batches × ServerDeployMin %.1fs), %.2f× ⌈K/N⌉ × ServerDeployMin; %d rolled back",
 			st.seconds, st.seconds/row.RolloutMinSeconds, row.Batches, dr.ServerDeployMin, st.seconds/row.CeilSeconds, st.rolledBack)
+		if len(st.timeline.BatchesSeconds) > 0 {
+			observed += "; " + st.timeline.String()
+		}
 		ok = ok && st.rolloutErr == nil && st.rolledBack == 0 && len(dr.ServerSeconds) == k
 	} else {
 		failed := "succeeded"

@@ -130,10 +130,55 @@ func TestFleetJudge(t *testing.T) {
 	assert.InDelta(t, 2*tm.ServerDeployMin().Seconds(), row.RolloutMinSeconds, 1e-9)
 	assert.InDelta(t, 2*tm.ServerDeployMin().Seconds(), row.CeilSeconds, 1e-9)
 	assert.Contains(t, row.Observed, "1.50× RolloutMin (2 batches")
+	assert.NotContains(t, row.Observed, "asking", "no timeline, none reported")
+	tl := Timeline{BeforeSeconds: 2, BatchesSeconds: []float64{12, 13}, AfterSeconds: 3}
+	row = batched.judge(&ProfileReport{Deploys: []DeployReport{good}}, nil, &fleetStep{seconds: 30, timeline: tl}, tm, 3, 2)
+	assert.Equal(t, tl, row.Timeline)
+	assert.Contains(t, row.Observed, "; asking 2.0s before, batches 12.0 + 13.0s, 3.0s after")
 }
 
 func TestFinalTable(t *testing.T) {
 	out := "[s1] deployed\n2026-12-02T07:00:00Z rollout: s1 runs v, verified\nserver  release before  release now  verified  what happened\ns1      a               b            yes       deployed\n2026-12-02T07:00:01Z rollout: deployed b to all 1 server(s): s1\n"
 	assert.Equal(t, "server  release before  release now  verified  what happened\ns1      a               b            yes       deployed", finalTable(out))
 	assert.Empty(t, finalTable("no table"))
+}
+
+func TestTimelineOf(t *testing.T) {
+	t0 := time.Date(2026, 12, 3, 6, 12, 0, 0, time.UTC)
+	at := func(s float64) time.Time { return t0.Add(time.Duration(s * float64(time.Second))) }
+	for _, tt := range []struct {
+		name  string
+		start map[string]float64 // a server's deploy start, seconds after the run began
+		total map[string]float64 // seconds until it was back in service
+		ended float64
+		want  Timeline
+	}{
+		{"a canary, then batches of two, the last of one",
+			map[string]float64{"s1": 8, "s2": 42, "s3": 42.01, "s4": 79.5, "s5": 79.52, "s6": 114.6},
+			map[string]float64{"s1": 34, "s2": 36.5, "s3": 37, "s4": 35, "s5": 34.9, "s6": 35.5},
+			158.5,
+			Timeline{BeforeSeconds: 8, BatchesSeconds: []float64{34, 37.01, 35, 35.5}, AfterSeconds: 8.4}},
+		{"one at a time", map[string]float64{"s1": 1, "s2": 11}, map[string]float64{"s1": 10, "s2": 10}, 22,
+			Timeline{BeforeSeconds: 1, BatchesSeconds: []float64{10, 10}, AfterSeconds: 1}},
+		{"the canary failed: no batch ended", map[string]float64{"s1": 2}, map[string]float64{}, 40, Timeline{}},
+		{"the second batch failed: only the first counts",
+			map[string]float64{"s1": 2, "s2": 12, "s3": 12}, map[string]float64{"s1": 10}, 60,
+			Timeline{BeforeSeconds: 2, BatchesSeconds: []float64{10}, AfterSeconds: 48}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			start := map[string]time.Time{}
+			for s, secs := range tt.start {
+				start[s] = at(secs)
+			}
+			got := timelineOf(t0, at(tt.ended), start, tt.total)
+			assert.InDelta(t, tt.want.BeforeSeconds, got.BeforeSeconds, 1e-6)
+			assert.InDelta(t, tt.want.AfterSeconds, got.AfterSeconds, 1e-6)
+			require.Len(t, got.BatchesSeconds, len(tt.want.BatchesSeconds))
+			for i := range tt.want.BatchesSeconds {
+				assert.InDelta(t, tt.want.BatchesSeconds[i], got.BatchesSeconds[i], 1e-6, "batch %d", i+1)
+			}
+		})
+	}
+	assert.Equal(t, "asking 8.0s before, batches 34.0 + 37.0s, 9.0s after",
+		Timeline{BeforeSeconds: 8, BatchesSeconds: []float64{34, 37}, AfterSeconds: 9}.String())
 }

@@ -60,6 +60,61 @@ type rollout struct {
 	start  map[string]time.Time
 	hook   map[string]float64
 	total  map[string]float64
+	// timeline is where the last run's wall time went.
+	timeline Timeline
+}
+
+// Timeline is where a rollout's wall time went: asking the servers what
+// they run before its first deploy, each batch from its first server's
+// deploy to its last server's return to service, and what follows the last
+// batch (asking the servers again, the table).
+type Timeline struct {
+	BeforeSeconds  float64   `json:"before_s"`
+	BatchesSeconds []float64 `json:"batches_s"`
+	AfterSeconds   float64   `json:"after_s"`
+}
+
+// String says where the time went: "asking 8.0s before, batches 34.1 +
+// 36.9s, 8.2s after".
+func (tl Timeline) String() string {
+	batches := make([]string, len(tl.BatchesSeconds))
+	for i, b := range tl.BatchesSeconds {
+		batches[i] = fmt.Sprintf("%.1f", b)
+	}
+	return fmt.Sprintf("asking %.1fs before, batches %ss, %.1fs after", tl.BeforeSeconds, strings.Join(batches, " + "), tl.AfterSeconds)
+}
+
+// timelineOf splits a run from began to ended by its servers' deploys:
+// each server's start and the seconds until it was back in service. A batch
+// is the servers that started before every server started earlier was back;
+// a server never back (a failed batch) ends no batch.
+func timelineOf(began, ended time.Time, start map[string]time.Time, total map[string]float64) Timeline {
+	type span struct{ from, to time.Time }
+	var spans []span
+	for name, from := range start {
+		if secs, ok := total[name]; ok {
+			spans = append(spans, span{from, from.Add(time.Duration(secs * float64(time.Second)))})
+		}
+	}
+	tl := Timeline{}
+	if len(spans) == 0 {
+		return tl
+	}
+	slices.SortFunc(spans, func(a, b span) int { return a.from.Compare(b.from) })
+	tl.BeforeSeconds = spans[0].from.Sub(began).Seconds()
+	from, to := spans[0].from, spans[0].to
+	for _, sp := range spans[1:] {
+		if !sp.from.Before(to) {
+			tl.BatchesSeconds = append(tl.BatchesSeconds, to.Sub(from).Seconds())
+			from = sp.from
+		}
+		if sp.to.After(to) {
+			to = sp.to
+		}
+	}
+	tl.BatchesSeconds = append(tl.BatchesSeconds, to.Sub(from).Seconds())
+	tl.AfterSeconds = ended.Sub(to).Seconds()
+	return tl
 }
 
 // newRollout starts the control endpoint and writes the two commands into
@@ -306,10 +361,13 @@ func (r *rollout) run(ctx context.Context, version string, flags ...string) (hoo
 		cmd.Stdout = io.MultiWriter(r.log, out, &lineClock{r: r})
 	}
 	cmd.Stderr = cmd.Stdout
+	began := time.Now()
 	runErr := cmd.Run()
+	ended := time.Now()
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.output = out.String()
+	r.timeline = timelineOf(began, ended, r.start, r.total)
 	for _, s := range r.servers {
 		secs, ok := r.total[s.name]
 		if !ok {
@@ -345,6 +403,13 @@ func (r *rollout) lastOutput() string {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return r.output
+}
+
+// lastTimeline is where the last run's wall time went.
+func (r *rollout) lastTimeline() Timeline {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.timeline
 }
 
 // rolledBack is how many servers the last run rolled back.
