@@ -36,7 +36,8 @@ type fleet struct {
 // fleetScript is the stand-in deploy command. Settings, from the
 // environment: FLEET_FAIL servers whose deploy fails; FLEET_FAIL_ROLLBACK
 // servers whose rollback fails; FLEET_UNREADABLE servers whose --status
-// answers nonsense; FLEET_DOWN servers whose --status fails. A deploy of
+// answers nonsense; FLEET_DOWN servers whose --status fails; FLEET_TOGETHER
+// groups of servers that must deploy at once (below). A deploy of
 // SERVER waits while the file hold.SERVER exists beside the script: the
 // tests' phase barrier.
 const fleetScript = `#!/usr/bin/env bash
@@ -65,12 +66,22 @@ case "$1" in
   *)
     echo "start $server" >>"$dir/events"
     while [[ -e "$dir/hold.$server" ]]; do sleep 0.02; done
-    # FLEET_AT_ONCE: wait up to a second for that many deploys to run at
-    # once, so a batch's overlap shows however busy the machine is.
-    for _ in {1..50}; do
-      [[ -n "${FLEET_AT_ONCE:-}" ]] || break
-      (( $(grep -c '^start' "$dir/events") - $(grep -c '^end' "$dir/events" || true) >= FLEET_AT_ONCE )) && break
-      sleep 0.02
+    # FLEET_TOGETHER: groups of servers ("s2,s3 s4,s5") that must deploy
+    # at once: each waits until its whole group has started, so a batch's
+    # overlap shows however busy the machine is. A group that never gathers
+    # (a rollout that does not batch) fails its deploys, after a wait no
+    # scheduling delay comes near.
+    for group in ${FLEET_TOGETHER:-}; do
+      [[ ",$group," == *",$server,"* ]] || continue
+      for (( i = 0; ; i++ )); do
+        gathered=yes
+        for member in ${group//,/ }; do
+          grep -qx "start $member" "$dir/events" || gathered=no
+        done
+        [[ "$gathered" == yes ]] && break
+        (( i < 1500 )) || { echo "$server: $group never deployed at once" >&2; exit 1; }
+        sleep 0.02
+      done
     done
     sleep 0.05
     echo "end $server" >>"$dir/events"
@@ -199,10 +210,10 @@ func TestRolloutBatches(t *testing.T) {
 		{"one at a time by default", 3, nil, nil, 0,
 			[][]string{{"s1 v2"}, {"s1 wait"}, {"s2 v2"}, {"s2 wait"}, {"s3 v2"}, {"s3 wait"}}, 1,
 			map[string][]string{"s3": {"s3", "v1", "v2", "yes", "deployed"}}, nil},
-		{"a canary, then two at once", 6, []string{"--max-unavailable", "2"}, []string{"FLEET_AT_ONCE=2"}, 0,
+		{"a canary, then two at once", 6, []string{"--max-unavailable", "2"}, []string{"FLEET_TOGETHER=s2,s3 s4,s5"}, 0,
 			[][]string{{"s1 v2"}, {"s1 wait"}, {"s2 v2", "s3 v2", "s2 wait", "s3 wait"}, {"s4 v2", "s5 v2", "s4 wait", "s5 wait"}, {"s6 v2"}, {"s6 wait"}}, 2,
 			nil, nil},
-		{"a percentage rounds down", 6, []string{"--max-unavailable", "50%"}, []string{"FLEET_AT_ONCE=3"}, 0, nil, 3, nil, nil},
+		{"a percentage rounds down", 6, []string{"--max-unavailable", "50%"}, []string{"FLEET_TOGETHER=s2,s3,s4 s5,s6"}, 0, nil, 3, nil, nil},
 		{"a small percentage is one server", 3, []string{"--max-unavailable=10%"}, nil, 0, nil, 1, nil, nil},
 		{"the canary fails: it alone goes back", 4, []string{"--max-unavailable", "2"}, []string{"FLEET_FAIL=s1"}, 1,
 			[][]string{{"s1 v2"}, {"s1 --rollback v1"}, {"s1 wait"}}, 1,
@@ -212,7 +223,7 @@ func TestRolloutBatches(t *testing.T) {
 			},
 			[]string{"deploy of v2 to s1 FAILED (exit 1)"}},
 		{"a later batch fails: every touched server goes back, in reverse", 5, []string{"--max-unavailable", "2"},
-			[]string{"FLEET_FAIL=s4", "FLEET_AT_ONCE=2"}, 1,
+			[]string{"FLEET_FAIL=s4", "FLEET_TOGETHER=s2,s3 s4,s5"}, 1,
 			[][]string{{"s1 v2"}, {"s1 wait"}, {"s2 v2", "s3 v2", "s2 wait", "s3 wait"}, {"s4 v2", "s5 v2", "s5 wait"},
 				{"s5 --rollback v1", "s4 --rollback v1", "s5 wait", "s4 wait"},
 				{"s3 --rollback v1", "s2 --rollback v1", "s3 wait", "s2 wait"},
@@ -295,9 +306,9 @@ func TestRolloutCanaryGoesFirst(t *testing.T) {
 	f := newFleet(t, 5, "v1")
 	res := f.run(t, nil, append([]string{"--max-unavailable", "2", "v2"}, f.servers...)...)
 	require.Equal(t, 0, res.code, "%s", res)
-	calls := f.calls(t)
-	assert.Equal(t, []string{"s1 v2", "s1 wait"}, calls[:2], "the canary alone, then its wait")
-	assert.ElementsMatch(t, []string{"s2 v2", "s3 v2"}, calls[2:4], "then a batch of two at once")
+	// The canary alone, then its wait; then batches of two, whose servers'
+	// calls interleave as the machine schedules them.
+	assertPhases(t, [][]string{{"s1 v2"}, {"s1 wait"}, {"s2 v2", "s3 v2", "s2 wait", "s3 wait"}, {"s4 v2", "s5 v2", "s4 wait", "s5 wait"}}, f.calls(t))
 	assert.Contains(t, res.stdout, "deploying v2 to s1 (batch 1 of 3, the canary)")
 	assert.Contains(t, res.stdout, "deploying v2 to s5 (batch 3 of 3)")
 }
@@ -322,8 +333,8 @@ func TestRolloutSkipsServersAlreadyOnTheRelease(t *testing.T) {
 	require.NoError(t, os.WriteFile(filepath.Join(f.dir, "s3.release"), []byte("v1\n"), 0o644))
 	res = f.run(t, []string{"FLEET_NEVER_BACK=s1"}, append([]string{"v2"}, f.servers...)...)
 	require.Equal(t, 1, res.code, "%s", res)
-	assert.Equal(t, []string{"s1 wait", "s2 wait"}, f.calls(t)[:2])
-	assert.NotContains(t, f.calls(t), "s3 v2")
+	// The skipped servers are asked at once, in any order; nothing follows.
+	assertPhases(t, [][]string{{"s1 wait", "s2 wait"}}, f.calls(t))
 	assert.Contains(t, res.stderr, "deploying others now could take too many servers out")
 }
 
@@ -478,7 +489,7 @@ func TestRolloutRefusesBadMaxUnavailable(t *testing.T) {
 			if len(tt.args) == 1 && tt.args[0] == "--max-unavailable" {
 				args = tt.args // the value is missing: nothing follows
 			}
-			res := f.run(t, []string{"FLEET_AT_ONCE=2"}, args...)
+			res := f.run(t, []string{"FLEET_TOGETHER=s2,s3"}, args...)
 			if tt.want == "" {
 				// 67% of 3 rounds down to 2: allowed.
 				require.Equal(t, 0, res.code, "%s", res)
