@@ -22,7 +22,7 @@ func TestHoldSurvivesGarbageCollection(t *testing.T) {
 	_, err := exec.LookPath("flock")
 	require.NoError(t, err, "this test needs flock (apt-get install util-linux)")
 	dir := t.TempDir()
-	Path = dir + "/suites.lock"
+	freshHold(t, dir+"/suites.lock")
 	Hold(t)
 	require.True(t, holding())
 	runtime.GC()
@@ -31,6 +31,27 @@ func TestHoldSurvivesGarbageCollection(t *testing.T) {
 	require.Error(t, err, "another process took the lock while this binary holds it: %s", out)
 	_, statErr := os.Stat(Path)
 	require.NoError(t, statErr, "the lock file is never deleted")
+}
+
+// freshHold makes the binary's next Hold take path, as if it were the
+// binary's first: Hold holds once per binary, so a run before this one
+// (-count, or another test's Parallel) holds another path already. The hold
+// before, if any, is back when t ends.
+func freshHold(t *testing.T, path string) {
+	t.Helper()
+	oldPath, oldHeld, oldErr := Path, held, holdErr
+	Path, held, holdErr = path, nil, nil
+	once = sync.Once{}
+	t.Cleanup(func() {
+		if held != nil {
+			require.NoError(t, held.Close())
+		}
+		Path, held, holdErr = oldPath, oldHeld, oldErr
+		once = sync.Once{}
+		if oldHeld != nil || oldErr != nil {
+			once.Do(func() {})
+		}
+	})
 }
 
 // Tests that hold servers never hold more than Servers at once, however many
