@@ -328,7 +328,23 @@ func TestSIGTERMDrainsThenExitsZero(t *testing.T) {
 
 	sigterm := time.Now()
 	p.signal(t, syscall.SIGTERM)
-	p.waitLog(t, "phase draining")
+	draining := p.waitLog(t, "phase draining")
+
+	// In flight across the listener closing, sent first and sized from the
+	// service's own drain start, so it ends halfway through the shutdown
+	// timeout however late this test reads the log: only its own trip to
+	// the handler, well under ShutdownTimeout/2, moves its end.
+	drainStart, err := time.Parse(time.RFC3339Nano, draining["time"].(string))
+	require.NoError(t, err)
+	slow := time.Until(drainStart.Add(timing.Drain + timing.ShutdownTimeout/2))
+	require.Greater(t, slow, timing.ShutdownTimeout/2, "the draining log arrived after the drain had ended")
+	answered := make(chan draintest.Answer, 1)
+	go func() {
+		a, err := fetch(p.addr, "/work?ms="+ms(slow))
+		assert.NoError(t, err)
+		answered <- a
+	}()
+	require.Eventually(t, inFlight(p.addr, 1), wait, 10*time.Millisecond, "slow request never in flight")
 
 	health, err := dial(t, p.addr).Get(infra.HealthPath)
 	require.NoError(t, err)
@@ -341,15 +357,6 @@ func TestSIGTERMDrainsThenExitsZero(t *testing.T) {
 	work, err = dial(t, p.addr).Get("/work")
 	require.NoError(t, err)
 	assert.Equal(t, http.StatusOK, work.Status, "work on a new connection")
-
-	// In flight across the listener closing: it ends halfway through the
-	// shutdown timeout.
-	answered := make(chan draintest.Answer, 1)
-	go func() {
-		a, err := fetch(p.addr, "/work?ms="+ms(timing.Drain+timing.ShutdownTimeout/2))
-		assert.NoError(t, err)
-		answered <- a
-	}()
 
 	closing := p.waitLog(t, "phase shutting-down")
 	_, err = net.Dial("tcp", p.addr)
@@ -405,7 +412,6 @@ func TestRequestSlowerThanShutdownTimeoutIsCut(t *testing.T) {
 
 	assert.Equal(t, 0, code, "a cut is logged, not a failure")
 	assert.GreaterOrEqual(t, elapsed, timing.ShutdownDeadline())
-	assert.Less(t, elapsed, timing.ShutdownDeadline()+timing.KillMargin, "exit took %v", elapsed)
 	assert.ErrorIs(t, <-cut, io.ErrUnexpectedEOF, "the cut request gets no draintest.Answer")
 
 	cuts := records(logs, "request cut at shutdown timeout")
@@ -417,6 +423,12 @@ func TestRequestSlowerThanShutdownTimeoutIsCut(t *testing.T) {
 	require.Len(t, stopped, 1)
 	assert.EqualValues(t, 1, stopped[0]["cut"])
 	assert.Equal(t, "shutdown timeout elapsed", stopped[0]["reason"])
+	// Stopped by the shutdown deadline with the kill margin as tolerance,
+	// "before Docker's SIGKILL", by the service's own clock: measured here,
+	// it would also count signal delivery and this test reading the pipe.
+	done := logDuration(t, stopped[0], "since_drain_start")
+	assert.GreaterOrEqual(t, done, timing.ShutdownDeadline())
+	assert.Less(t, done, timing.ShutdownDeadline()+timing.KillMargin, "stopped %v after the drain started", done)
 }
 
 // A second SIGTERM ends the drain at once but not the requests in flight;
@@ -424,15 +436,20 @@ func TestRequestSlowerThanShutdownTimeoutIsCut(t *testing.T) {
 func TestSecondSIGTERMSkipsTheRestOfTheDrain(t *testing.T) {
 	t.Parallel()
 	timing := infra.Prod().Scaled(0.2)
+	// The production drain, never waited out: the second SIGTERM lands
+	// inside it however late, and a skip that did not happen still shows.
+	timing.Drain = infra.Prod().Drain
 	p := startService(t, env("gateway", timing))
 
 	sigterm := time.Now()
 	p.signal(t, syscall.SIGTERM)
 	p.waitLog(t, "phase draining")
 
+	// Started before the shutdown timeout, so never cut; as long as most of
+	// it, so the third SIGTERM arrives before it ends and the service exits.
 	answered := make(chan draintest.Answer, 1)
 	go func() {
-		a, err := fetch(p.addr, "/work?ms="+ms(timing.ShutdownTimeout/2))
+		a, err := fetch(p.addr, "/work?ms="+ms(3*timing.ShutdownTimeout/4))
 		assert.NoError(t, err)
 		answered <- a
 	}()
@@ -487,8 +504,11 @@ func TestAboutReportsTheBuiltInVersion(t *testing.T) {
 // balancer has given up, and nothing may hold requests past every deploy.
 func TestWorkIsBoundedByMaxRequest(t *testing.T) {
 	t.Parallel()
-	// Scaled so the longest allowed request is quick.
+	// Scaled so the longest allowed request is quick. The header bound, 50
+	// ms at that scale, runs from accept: as long as the keep-alive, it
+	// cannot cut a busy machine's client before it writes.
 	timing := infra.Prod().Scaled(0.01)
+	timing.ReadHeaderTimeout = timing.AppKeepAlive
 	p := startService(t, env("gateway", timing))
 	tests := []struct {
 		ms   string
@@ -520,18 +540,23 @@ func TestIdleKeepAliveIsTheContracts(t *testing.T) {
 	timing.ReadHeaderTimeout = timing.AppKeepAlive
 	p := startService(t, env("publish-worker", timing))
 	c := dial(t, p.addr)
+	// The service arms its idle deadline after it has read the request and
+	// flushed the answer: from before the request is sent, the close comes
+	// no sooner than the keep-alive, however late either side wakes; from
+	// the answer, no later than the keep-alive plus delays.
+	sent := time.Now()
 	a, err := c.Get("/work")
 	require.NoError(t, err)
 	require.False(t, a.Close)
 
-	idleFrom := time.Now()
+	answered := time.Now()
 	closed, err := c.ClosedByServer()
-	idle := time.Since(idleFrom)
+	closedAt := time.Now()
 	require.NoError(t, err)
 	require.True(t, closed, "the service must close the idle connection")
-	assert.Greater(t, idle, timing.LBIdleTimeout, "closed before the balancer's idle timeout: a 502 in production")
-	assert.GreaterOrEqual(t, idle, timing.AppKeepAlive-timing.AppKeepAlive/20)
-	assert.Less(t, idle, timing.AppKeepAlive+time.Second)
+	assert.Greater(t, closedAt.Sub(sent), timing.LBIdleTimeout, "closed before the balancer's idle timeout: a 502 in production")
+	assert.GreaterOrEqual(t, closedAt.Sub(sent), timing.AppKeepAlive)
+	assert.Less(t, closedAt.Sub(answered), timing.AppKeepAlive+time.Second)
 
 	p.signal(t, syscall.SIGTERM)
 	code, _ := p.exit(t)
@@ -542,14 +567,14 @@ func TestCheck(t *testing.T) {
 	t.Parallel()
 	timing := infra.Prod().Scaled(0.2)
 	serving := startService(t, env("api", timing))
-	draining := startService(t, env("api", timing))
+	// The production drain outlasts every row however slow the machine; a
+	// second SIGTERM ends it, so it is never waited out.
+	drainingTiming := timing
+	drainingTiming.Drain = infra.Prod().Drain
+	draining := startService(t, env("api", drainingTiming))
 	draining.signal(t, syscall.SIGTERM)
 	draining.waitLog(t, "phase draining")
-	closed, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	_, closedPort, err := net.SplitHostPort(closed.Addr().String())
-	require.NoError(t, err)
-	require.NoError(t, closed.Close())
+	closedPort := refusingPort(t)
 
 	portOf := func(p *proc) string {
 		_, port, err := net.SplitHostPort(p.addr)
@@ -597,8 +622,24 @@ func TestCheck(t *testing.T) {
 	serving.signal(t, syscall.SIGTERM)
 	code, _ := serving.exit(t)
 	assert.Equal(t, 0, code)
+	draining.signal(t, syscall.SIGTERM)
 	code, _ = draining.exit(t)
 	assert.Equal(t, 0, code)
+}
+
+// refusingPort returns a loopback port that refuses connections until the
+// test ends: a socket is bound to it but does not listen. Without
+// SO_REUSEADDR the binding keeps every other socket off the port, so no
+// test running beside this one can start listening there.
+func refusingPort(t *testing.T) string {
+	t.Helper()
+	fd, err := syscall.Socket(syscall.AF_INET, syscall.SOCK_STREAM, 0)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = syscall.Close(fd) })
+	require.NoError(t, syscall.Bind(fd, &syscall.SockaddrInet4{Addr: [4]byte{127, 0, 0, 1}}))
+	sa, err := syscall.Getsockname(fd)
+	require.NoError(t, err)
+	return strconv.Itoa(sa.(*syscall.SockaddrInet4).Port)
 }
 
 func dial(t *testing.T, addr string) *draintest.Conn {
