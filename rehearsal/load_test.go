@@ -7,8 +7,10 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"slices"
+	"strconv"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -35,13 +37,23 @@ func statusServer(t *testing.T, code int) (*httptest.Server, *atomic.Int64) {
 }
 
 // closedURL is a loopback URL nothing listens on: every request to it is
-// refused.
+// refused. Its port stays bound, without listening, until the test ends: a
+// port merely closed again could be taken by anyone's bind meanwhile, and
+// without SO_REUSEADDR nobody can bind it beside this socket.
 func closedURL(t *testing.T) string {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	fd, err := syscall.Socket(syscall.AF_INET, syscall.SOCK_STREAM|syscall.SOCK_CLOEXEC, 0)
 	require.NoError(t, err)
-	addr := l.Addr().String()
-	require.NoError(t, l.Close())
+	t.Cleanup(func() { _ = syscall.Close(fd) })
+	require.NoError(t, syscall.Bind(fd, &syscall.SockaddrInet4{Addr: [4]byte{127, 0, 0, 1}}))
+	sa, err := syscall.Getsockname(fd)
+	require.NoError(t, err)
+	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(sa.(*syscall.SockaddrInet4).Port))
+	c, err := net.Dial("tcp", addr)
+	if err == nil {
+		_ = c.Close()
+	}
+	require.ErrorIs(t, err, syscall.ECONNREFUSED, "a connection to %s", addr)
 	return "http://" + addr
 }
 
@@ -160,10 +172,10 @@ func TestLoadQuietLeft(t *testing.T) {
 }
 
 // TestLoadProbeIdlesConnectionsForTheGap checks the probe's shape on a
-// server that notes when each request arrives: in the spells only, bursts
-// of Width requests together, each burst Gap (within the race window, plus
-// what scheduling adds) after the previous one was answered, as many as
-// fit in a spell.
+// server that notes when each request arrives: sent in the spells only,
+// bursts of Width requests together, each burst Gap (within the race
+// window, plus what scheduling adds) after the previous one was answered,
+// as many as fit in a spell.
 func TestLoadProbeIdlesConnectionsForTheGap(t *testing.T) {
 	const (
 		gap   = 150 * time.Millisecond
@@ -222,14 +234,22 @@ func TestLoadProbeIdlesConnectionsForTheGap(t *testing.T) {
 	require.LessOrEqual(t, len(bursts), 5+4, "bursts at %v", bursts)
 	for i, b := range bursts {
 		assert.Len(t, b, width, "burst %d: one request per server behind the target", i)
-		assert.NotZero(t, cfg.quietLeft(b[0]), "burst %d at %v is in a spell", i, b[0])
 		prev := bursts[max(i-1, 0)]
 		if i == 0 || cfg.quietLeft(prev[0]) < cfg.quietLeft(b[0]) {
-			continue // the first burst of a spell
+			// The first burst of a spell is sent once the spell has begun,
+			// with all of it to come.
+			assert.NotZero(t, cfg.quietLeft(b[0]), "burst %d at %v is in a spell", i, b[0])
+			continue
 		}
+		// A later one is sent only if, once the previous burst was
+		// answered, more of the spell was left than its gap: that much
+		// was left when the previous burst arrived. The burst itself may
+		// land past the spell's end, on a late timer.
+		last := prev[len(prev)-1]
+		assert.Greater(t, cfg.quietLeft(last), gap-probeEarly, "burst %d: sent though a gap no longer fit after burst %d at %v", i, i-1, last)
 		// Timers never fire early: the aim's lower edge holds on any
 		// machine; its spread is TestProbeGapsSpanTheWindow's.
-		idle := b[0] - prev[len(prev)-1]
+		idle := b[0] - last
 		assert.GreaterOrEqual(t, idle, gap-probeEarly, "burst %d: no connection reused before the window", i)
 	}
 	// The mix sends nothing in a spell (QuietRate 0), but what it sent
