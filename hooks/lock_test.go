@@ -86,6 +86,15 @@ func TestOverlapDetectorSeesUnlockedRuns(t *testing.T) {
 func TestLockSerialisesDeployWatchdogBootstrap(t *testing.T) {
 	const perScript = 70 // 210 concurrent runs in all
 	s := newServer(t, infra.Prod().Scaled(0.2))
+	// The last of the 140 deploys and bootstraps waits out every run before
+	// it: the runs' cost is the machine's, not the timeline's, and on a busy
+	// machine their sum comes near the scaled lock wait. This test is about
+	// exclusion (TestLockHeldTooLong is about the bound), so it waits as long
+	// as production does.
+	envFile := filepath.Join(s.ReleaseDir, TimingEnvFile)
+	env := withTimes(t, mustRead(t, envFile), map[string]int64{
+		"MYTHEX_LOCK_WAIT_MS": infra.Prod().LockWait.Milliseconds()})
+	require.NoError(t, os.WriteFile(envFile, env, 0o644))
 	cmd, log := criticalSection(t, t.TempDir())
 	extra := []string{"MYTHEX_CRITICAL_SECTION_CMD=" + cmd}
 
