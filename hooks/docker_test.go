@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -96,21 +97,27 @@ func TestDeployReplacesAllFour(t *testing.T) {
 	require.Len(t, old, len(Roles))
 
 	// Wait on every old container ourselves: its exit code is the proof its
-	// drain fit inside the grace period (a SIGKILL shows as 137).
-	ids := make([]string, 0, len(old))
+	// drain fit inside the grace period (a SIGKILL shows as 137). One waiter
+	// each, as the deploy's own: compose stops them in parallel and removes
+	// each as soon as it stops, so one `docker wait` asking about them in
+	// turn can find a later one gone.
+	waiters := map[string]*exec.Cmd{}
+	codes := map[string]*strings.Builder{}
 	for _, role := range Roles {
-		ids = append(ids, old[role])
+		w := exec.Command("docker", "wait", old[role])
+		codes[role] = &strings.Builder{}
+		w.Stdout, w.Stderr = codes[role], codes[role]
+		require.NoError(t, w.Start())
+		waiters[role] = w
 	}
-	waiter := exec.Command("docker", append([]string{"wait"}, ids...)...)
-	var codes strings.Builder
-	waiter.Stdout = &codes
-	require.NoError(t, waiter.Start())
 
 	start := time.Now()
 	res = deploy(t, s, next)
 	took := time.Since(start)
-	require.NoError(t, waiter.Wait())
-	assert.Equal(t, []string{"0", "0", "0", "0"}, lines(codes.String()), "every old container exited 0, not 137")
+	for _, role := range Roles {
+		require.NoError(t, waiters[role].Wait(), "docker wait %s: %s", role, codes[role])
+		assert.Equal(t, "0", strings.TrimSpace(codes[role].String()), "%s's old container exited 0, not 137", role)
+	}
 
 	fresh := containers(t, s)
 	require.Len(t, fresh, len(Roles))
@@ -197,7 +204,7 @@ func TestDeployFailsAFlappingService(t *testing.T) {
 	version := tag + "-flap"
 	buildVersion(t, version)
 	tagImage(t, flappingImage(), ImageName(DefaultImagePrefix, "gateway", version))
-	s := newServer(t, dockerTiming)
+	s := newServer(t, flapTiming())
 	res := run(t, s, nil, "deploy", version)
 	require.Equal(t, 1, res.code, "%s", res)
 	assert.Regexp(t, `\n  gateway: container [0-9a-f]{12} turned unhealthy after being healthy`, res.stderr)
@@ -207,6 +214,19 @@ func TestDeployFailsAFlappingService(t *testing.T) {
 		}
 	}
 	assert.NotContains(t, res.stdout, "verified:")
+}
+
+// flapTiming is dockerTiming with the longest start its planned downtime
+// allows. A deploy whose health poll misses the gateway's first healthy
+// spell waits until it is healthy again, at its check 1 + FailFor + 1
+// (hooks/internal/flapcheck); on a busy machine each check may take an
+// interval and its whole timeout, and the deploy must still be waiting then.
+func flapTiming() infra.Timing {
+	t := dockerTiming
+	margin := t.LockWait - t.WatchdogHold()
+	t.StartTimeout = t.MaxPlannedDowntime - t.StopGracePeriod
+	t.LockWait = t.WatchdogHold() + margin
+	return t
 }
 
 // A grace period shorter than the drain kills the old containers: the
@@ -334,29 +354,42 @@ func TestWatchdogStandsAsideDuringDeploy(t *testing.T) {
 	var stderr strings.Builder
 	cmd.Stderr = &stderr
 	require.NoError(t, cmd.Start())
-	locked := make(chan struct{})
+	// locked gets whether the deploy said it holds the lock before its
+	// output ended.
+	locked := make(chan bool, 1)
+	// ended closes when the output has been read to its end: Wait closes
+	// the pipe, and lines not read by then are lost.
+	ended := make(chan struct{})
 	var out strings.Builder
 	go func() {
+		defer close(ended)
 		sc := bufio.NewScanner(stdout)
 		signalled := false
 		for sc.Scan() {
 			out.WriteString(sc.Text() + "\n")
 			if !signalled && strings.Contains(sc.Text(), "holding the server lock") {
-				close(locked)
+				locked <- true
 				signalled = true
 			}
 		}
 		if !signalled {
-			close(locked)
+			locked <- false
 		}
 	}()
-	<-locked
+	require.True(t, <-locked, "the deploy never said it holds the lock")
 
+	// Stopped, the deploy keeps the lock and resets no strike while the
+	// watchdog runs, however long a busy machine takes to run it.
+	require.NoError(t, cmd.Process.Signal(syscall.SIGSTOP))
+	resume := func() { _ = cmd.Process.Signal(syscall.SIGCONT) }
+	defer resume()
 	res := tick(t, s)
 	assert.Contains(t, res.stdout, "deploy in progress")
 	assert.NotContains(t, res.stdout, "strike")
 	assert.Equal(t, before, strikes(t, s), "the watchdog changed nothing")
+	resume()
 
+	<-ended
 	require.NoError(t, cmd.Wait(), "deploy: %s%s", out.String(), stderr.String())
 	assert.Contains(t, out.String(), "verified: api orchestrator gateway publish-worker")
 	assert.Contains(t, strikes(t, s), "gateway 0\n", "the deploy reset the strikes")

@@ -99,6 +99,10 @@ func TestDeployStopsCleanlyUnderASignalStorm(t *testing.T) {
 		}
 		done := make(chan struct{})
 		sent := make(chan int)
+		// firstSent closes once a signal reached the deploy in flock: it
+		// sees that one as it takes the lock, however late this goroutine
+		// runs.
+		firstSent := make(chan struct{})
 		go func() {
 			n := 0
 			for {
@@ -113,12 +117,16 @@ func TestDeployStopsCleanlyUnderASignalStorm(t *testing.T) {
 				}
 				if cmd.Process.Signal(syscall.SIGTERM) == nil {
 					n++
+					if n == 1 {
+						close(firstSent)
+					}
 				}
 				// Not faster: signals that come quicker than bash runs
 				// its trap nest the trap runs until bash itself crashes.
 				time.Sleep(stormGap)
 			}
 		}()
+		<-firstSent
 		release()
 		_ = cmd.Wait()
 		close(done)

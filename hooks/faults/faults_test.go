@@ -19,6 +19,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -312,11 +313,12 @@ func awaitLockFree(t *testing.T, s hooks.Server, within time.Duration) {
 	}
 }
 
-// startDeploy starts deploy and sends each stdout line to the returned
-// channel, closed at EOF.
-func startDeploy(t *testing.T, s hooks.Server, version string) (*exec.Cmd, <-chan string, *strings.Builder) {
+// startDeploy starts deploy, with env added to its environment, and sends
+// each stdout line to the returned channel, closed at EOF.
+func startDeploy(t *testing.T, s hooks.Server, version string, env ...string) (*exec.Cmd, <-chan string, *strings.Builder) {
 	t.Helper()
 	cmd := s.Command(context.Background(), "deploy", version)
+	cmd.Env = append(cmd.Env, env...)
 	out, err := cmd.StdoutPipe()
 	require.NoError(t, err)
 	var stderr strings.Builder
@@ -334,12 +336,15 @@ func startDeploy(t *testing.T, s hooks.Server, version string) (*exec.Cmd, <-cha
 	return cmd, ch, &stderr
 }
 
-// events follows the compose project's container events and sends the
-// action of each.
+// events follows the compose project's container events from now on and
+// sends the action of each. --since replays those that came before the
+// engine had the subscription: a deploy started at once may beat it.
 func events(t *testing.T, s hooks.Server) <-chan string {
 	t.Helper()
+	since := time.Now()
 	ctx, cancel := context.WithCancel(context.Background())
 	cmd := exec.CommandContext(ctx, "docker", "events", "--format", "{{.Action}}",
+		"--since", fmt.Sprintf("%d.%09d", since.Unix(), since.Nanosecond()),
 		"--filter", "type=container", "--filter", "label=com.docker.compose.project="+s.Project)
 	out, err := cmd.StdoutPipe()
 	require.NoError(t, err)
@@ -355,10 +360,13 @@ func events(t *testing.T, s hooks.Server) <-chan string {
 	return ch
 }
 
-// A point in a deploy where it is killed: a line it logs, or the first
-// Docker event of the kind while compose replaces the containers.
+// A point in a deploy where it is killed: a line it logs, the first
+// Docker event of the kind while compose replaces the containers, or the
+// mv that puts a file (mv, relative to the server's root) in place. At an
+// mv the deploy signals itself (signallingMv): its last steps take
+// milliseconds, and a signal sent on reading a line could land after them.
 type killPoint struct {
-	name, line, event string
+	name, line, event, mv string
 }
 
 var killPoints = []killPoint{
@@ -372,7 +380,26 @@ var killPoints = []killPoint{
 	{name: "new container started", event: "start"},
 	{name: "wait-healthy", line: "step wait-healthy"},
 	{name: "verify", line: "step verify"},
-	{name: "finish", line: "step finish"},
+	// The first thing step finish does is reset the strikes.
+	{name: "finish", mv: "state/strikes"},
+}
+
+// signallingMv puts in dir a stand-in for mv that runs the real one and
+// then, once it has put $KILL_AFTER in place, writes its parent's pid to
+// $KILLED_AT and sends that process signal number $KILL_SIG: the script
+// is signalled while it waits for this mv, before its next command.
+func signallingMv(t *testing.T, dir string) {
+	t.Helper()
+	real, err := exec.LookPath("mv")
+	require.NoError(t, err)
+	script := fmt.Sprintf(`#!/bin/sh
+'%s' "$@" || exit
+for last; do :; done
+[ "$last" = "$KILL_AFTER" ] || exit 0
+echo "$PPID" >"$KILLED_AT"
+kill -"$KILL_SIG" "$PPID"
+`, real)
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "mv"), []byte(script), 0o755))
 }
 
 // Items 3 and 4: a deploy killed at any step, by SIGKILL or SIGTERM,
@@ -413,7 +440,15 @@ func killAtEachStep(t *testing.T, tag string, sig syscall.Signal) {
 			if p.event != "" {
 				evs = events(t, s)
 			}
-			cmd, out, stderr := startDeploy(t, s, to)
+			var env []string
+			killedAt := filepath.Join(t.TempDir(), "killed-at")
+			if p.mv != "" {
+				bin := t.TempDir()
+				signallingMv(t, bin)
+				env = []string{"PATH=" + bin + ":" + os.Getenv("PATH"), "KILL_AFTER=" + filepath.Join(s.Root, p.mv),
+					"KILL_SIG=" + strconv.Itoa(int(sig)), "KILLED_AT=" + killedAt}
+			}
+			cmd, out, stderr := startDeploy(t, s, to, env...)
 			var logged strings.Builder
 			killed := false
 			kill := func() {
@@ -440,6 +475,12 @@ func killAtEachStep(t *testing.T, tag string, sig syscall.Signal) {
 				}
 			}
 			err := cmd.Wait()
+			if p.mv != "" {
+				if pid, rerr := os.ReadFile(killedAt); rerr == nil {
+					killed = true
+					require.Equal(t, strconv.Itoa(cmd.Process.Pid), strings.TrimSpace(string(pid)), "mv signalled the deploy itself")
+				}
+			}
 			require.True(t, killed, "never reached %s:\n%s%s", p.name, logged.String(), stderr.String())
 			t.Logf("deploy %s → %s: %v\n%s%s", from, to, err, logged.String(), stderr.String())
 
