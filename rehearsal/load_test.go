@@ -7,13 +7,12 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"slices"
-	"strconv"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
+	"github.com/mythex/infra/drain/draintest"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -37,23 +36,12 @@ func statusServer(t *testing.T, code int) (*httptest.Server, *atomic.Int64) {
 }
 
 // closedURL is a loopback URL nothing listens on: every request to it is
-// refused. Its port stays bound, without listening, until the test ends: a
-// port merely closed again could be taken by anyone's bind meanwhile, and
-// without SO_REUSEADDR nobody can bind it beside this socket.
+// refused, until the test ends.
 func closedURL(t *testing.T) string {
 	t.Helper()
-	fd, err := syscall.Socket(syscall.AF_INET, syscall.SOCK_STREAM|syscall.SOCK_CLOEXEC, 0)
+	addr, closeAddr, err := draintest.RefusedAddr()
 	require.NoError(t, err)
-	t.Cleanup(func() { _ = syscall.Close(fd) })
-	require.NoError(t, syscall.Bind(fd, &syscall.SockaddrInet4{Addr: [4]byte{127, 0, 0, 1}}))
-	sa, err := syscall.Getsockname(fd)
-	require.NoError(t, err)
-	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(sa.(*syscall.SockaddrInet4).Port))
-	c, err := net.Dial("tcp", addr)
-	if err == nil {
-		_ = c.Close()
-	}
-	require.ErrorIs(t, err, syscall.ECONNREFUSED, "a connection to %s", addr)
+	t.Cleanup(func() { _ = closeAddr() })
 	return "http://" + addr
 }
 

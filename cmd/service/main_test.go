@@ -628,18 +628,15 @@ func TestCheck(t *testing.T) {
 }
 
 // refusingPort returns a loopback port that refuses connections until the
-// test ends: a socket is bound to it but does not listen. Without
-// SO_REUSEADDR the binding keeps every other socket off the port, so no
-// test running beside this one can start listening there.
+// test ends.
 func refusingPort(t *testing.T) string {
 	t.Helper()
-	fd, err := syscall.Socket(syscall.AF_INET, syscall.SOCK_STREAM, 0)
+	addr, closeAddr, err := draintest.RefusedAddr()
 	require.NoError(t, err)
-	t.Cleanup(func() { _ = syscall.Close(fd) })
-	require.NoError(t, syscall.Bind(fd, &syscall.SockaddrInet4{Addr: [4]byte{127, 0, 0, 1}}))
-	sa, err := syscall.Getsockname(fd)
+	t.Cleanup(func() { _ = closeAddr() })
+	_, port, err := net.SplitHostPort(addr)
 	require.NoError(t, err)
-	return strconv.Itoa(sa.(*syscall.SockaddrInet4).Port)
+	return port
 }
 
 func dial(t *testing.T, addr string) *draintest.Conn {
