@@ -1,7 +1,9 @@
 // Command alblogs reads Application Load Balancer access logs for a time
 // window and prints the requests that reached nothing, the 502s and 504s the
-// balancer answered itself, by target, by error_reason and by minute, so an
-// engineer can see which server and which phase of a deploy lost requests.
+// balancer answered itself because no target answered (target_status_code
+// "-"), by target, by error_reason and by minute, so an engineer can see which
+// server and which phase of a deploy lost requests. The targets' own 5xx,
+// which reached a server and were passed through, are reported apart.
 //
 // The files are the ones ALB writes to the stack's bucket (gzip, one request
 // a line, AWS's documented format), fetched for example with
@@ -229,25 +231,59 @@ func splitFields(line string) ([]string, error) {
 	return out, nil
 }
 
-// lost reports whether the balancer answered the request itself because it
-// reached nothing: 502 (no or no complete answer from the target) or 504 (no
-// answer in time).
-func lost(status int) bool { return status == 502 || status == 504 }
+// balancersOwn reports whether the balancer answered the request itself
+// because no target answered it: a 502 (no or no complete answer) or a 504
+// (no answer in time) with target_status_code "-". That is what CloudWatch
+// counts as HTTPCode_ELB_502_Count and HTTPCode_ELB_504_Count. A 502 or 504
+// with a target status code was the target's own answer, passed through: it
+// reached a server, and CloudWatch counts it as HTTPCode_Target_5XX_Count.
+func balancersOwn(e Entry) bool {
+	return (e.ELBStatus == 502 || e.ELBStatus == 504) && e.TargetStatus == "-"
+}
 
-type counts struct{ requests, s502, s504, noAnswer int }
+// targetStatus is the target's status code as a number, 0 when it gave none.
+func targetStatus(e Entry) int {
+	n, err := strconv.Atoi(e.TargetStatus)
+	if err != nil {
+		return 0
+	}
+	return n
+}
+
+type counts struct {
+	requests int
+	// elb502 and elb504: the balancer's own answers, requests that reached
+	// nothing; noAnswer: those of them with target_processing_time -1.
+	elb502, elb504, noAnswer int
+	// target502, target504, target5xx: the targets' own answers.
+	target502, target504, target5xx int
+}
 
 func (c *counts) add(e Entry) {
 	c.requests++
-	switch e.ELBStatus {
-	case 502:
-		c.s502++
-	case 504:
-		c.s504++
+	if balancersOwn(e) {
+		if e.ELBStatus == 502 {
+			c.elb502++
+		} else {
+			c.elb504++
+		}
+		if e.TargetProcessing == -1 {
+			c.noAnswer++
+		}
+		return
 	}
-	if lost(e.ELBStatus) && e.TargetProcessing == -1 {
-		c.noAnswer++
+	switch ts := targetStatus(e); {
+	case ts == 502:
+		c.target502++
+	case ts == 504:
+		c.target504++
+	}
+	if ts := targetStatus(e); ts >= 500 && ts <= 599 {
+		c.target5xx++
 	}
 }
+
+func (c *counts) lost() int { return c.elb502 + c.elb504 }
 
 type report struct {
 	from, to  time.Time
@@ -326,8 +362,10 @@ func (r *report) add(e Entry) {
 		r.byMinute[minute] = &counts{}
 	}
 	r.byMinute[minute].add(e)
-	if lost(e.ELBStatus) {
+	if balancersOwn(e) || targetStatus(e) >= 500 {
 		bump(r.byTarget, e.Target)
+	}
+	if balancersOwn(e) {
 		bump(r.byReason, e.ErrorReason)
 		if len(r.examples) < 5 {
 			r.examples = append(r.examples, fmt.Sprintf("%s %d target %s target_status %s target_processing_time %g error_reason %s %q",
@@ -338,51 +376,66 @@ func (r *report) add(e Entry) {
 
 func (r *report) write(w io.Writer) error {
 	var b bytes.Buffer
-	fmt.Fprintf(&b, "ALB access logs %s to %s: %d requests in %d file(s); %d 502, %d 504 (requests that reached nothing), %d of them with no answer from a target (target_processing_time -1).\n",
-		r.from.UTC().Format(time.RFC3339), r.to.UTC().Format(time.RFC3339), r.total.requests, r.files, r.total.s502, r.total.s504, r.total.noAnswer)
-	if r.total.s502+r.total.s504 == 0 {
+	t := r.total
+	fmt.Fprintf(&b, "ALB access logs %s to %s: %d requests in %d file(s); %d ELB 502, %d ELB 504 (requests that reached nothing: the balancer answered, target_status_code -), %d of them with no answer from a target (target_processing_time -1).\n",
+		r.from.UTC().Format(time.RFC3339), r.to.UTC().Format(time.RFC3339), t.requests, r.files, t.elb502, t.elb504, t.noAnswer)
+	fmt.Fprintf(&b, "The targets' own answers, passed through (they reached a server): %d 502, %d 504, %d 5xx in all.\n", t.target502, t.target504, t.target5xx)
+	if t.lost()+t.target5xx == 0 {
 		fmt.Fprintln(&b, "No request reached nothing in this window.")
 		_, err := w.Write(b.Bytes())
 		return err
 	}
-	table := func(title, key string, m map[string]*counts) {
-		fmt.Fprintf(&b, "\n%s\n", title)
-		tw := tabwriter.NewWriter(&b, 0, 0, 2, ' ', 0)
-		fmt.Fprintf(tw, "%s\t502\t504\tno answer (-1)\n", key)
+	// Most lost first, then by name.
+	sorted := func(m map[string]*counts) []string {
 		keys := make([]string, 0, len(m))
 		for k := range m {
 			keys = append(keys, k)
 		}
-		// Most lost first, then by name.
 		sort.Slice(keys, func(i, j int) bool {
 			a, c := m[keys[i]], m[keys[j]]
-			if a.s502+a.s504 != c.s502+c.s504 {
-				return a.s502+a.s504 > c.s502+c.s504
+			if a.lost() != c.lost() {
+				return a.lost() > c.lost()
 			}
 			return keys[i] < keys[j]
 		})
-		for _, k := range keys {
-			c := m[k]
-			fmt.Fprintf(tw, "%s\t%d\t%d\t%d\n", k, c.s502, c.s504, c.noAnswer)
-		}
-		_ = tw.Flush() // b cannot fail
+		return keys
 	}
-	table("By target (\"-\": the balancer had no target to send to)", "target", r.byTarget)
-	table("By error_reason (\"-\": none given)", "error_reason", r.byReason)
-
-	fmt.Fprintf(&b, "\nBy minute (minutes with a 502 or 504)\n")
+	fmt.Fprintf(&b, "\nBy target (\"-\": the balancer had no target to send to)\n")
 	tw := tabwriter.NewWriter(&b, 0, 0, 2, ' ', 0)
-	fmt.Fprintf(tw, "minute (UTC)\trequests\t502\t504\n")
+	fmt.Fprintf(tw, "target\tELB 502\tELB 504\tno answer (-1)\ttarget's 502\ttarget's 504\ttarget's 5xx\n")
+	for _, k := range sorted(r.byTarget) {
+		c := r.byTarget[k]
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%d\t%d\n", k, c.elb502, c.elb504, c.noAnswer, c.target502, c.target504, c.target5xx)
+	}
+	_ = tw.Flush() // b cannot fail
+	if t.lost() == 0 {
+		fmt.Fprintln(&b, "\nNo request reached nothing in this window.")
+		_, err := w.Write(trimLines(b.Bytes()))
+		return err
+	}
+
+	fmt.Fprintf(&b, "\nBy error_reason of the ELB 502s and 504s (\"-\": none given)\n")
+	tw = tabwriter.NewWriter(&b, 0, 0, 2, ' ', 0)
+	fmt.Fprintf(tw, "error_reason\tELB 502\tELB 504\tno answer (-1)\n")
+	for _, k := range sorted(r.byReason) {
+		c := r.byReason[k]
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\n", k, c.elb502, c.elb504, c.noAnswer)
+	}
+	_ = tw.Flush()
+
+	fmt.Fprintf(&b, "\nBy minute (minutes with an ELB 502 or 504)\n")
+	tw = tabwriter.NewWriter(&b, 0, 0, 2, ' ', 0)
+	fmt.Fprintf(tw, "minute (UTC)\trequests\tELB 502\tELB 504\n")
 	minutes := make([]time.Time, 0, len(r.byMinute))
 	for m, c := range r.byMinute {
-		if c.s502+c.s504 > 0 {
+		if c.lost() > 0 {
 			minutes = append(minutes, m)
 		}
 	}
 	sort.Slice(minutes, func(i, j int) bool { return minutes[i].Before(minutes[j]) })
 	for _, m := range minutes {
 		c := r.byMinute[m]
-		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\n", m.Format("2006-01-02T15:04Z"), c.requests, c.s502, c.s504)
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\n", m.Format("2006-01-02T15:04Z"), c.requests, c.elb502, c.elb504)
 	}
 	_ = tw.Flush()
 

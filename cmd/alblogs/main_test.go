@@ -133,7 +133,8 @@ func TestReportGroupsWhatReachedNothing(t *testing.T) {
 
 	code, out, stderr := runCmd(t, "-since", "2026-11-30T12:00:00Z", "-until", "2026-11-30T12:10:00Z", dir)
 	require.Equal(t, 0, code, "stderr: %s", stderr)
-	assert.Contains(t, out, "ALB access logs 2026-11-30T12:00:00Z to 2026-11-30T12:10:00Z: 7 requests in 2 file(s); 3 502, 1 504 (requests that reached nothing), 3 of them with no answer from a target (target_processing_time -1).")
+	assert.Contains(t, out, "ALB access logs 2026-11-30T12:00:00Z to 2026-11-30T12:10:00Z: 7 requests in 2 file(s); 2 ELB 502, 1 ELB 504 (requests that reached nothing: the balancer answered, target_status_code -), 3 of them with no answer from a target (target_processing_time -1).")
+	assert.Contains(t, out, "The targets' own answers, passed through (they reached a server): 1 502, 0 504, 2 5xx in all.")
 	row := func(cells ...string) *regexp.Regexp {
 		for i, c := range cells {
 			cells[i] = regexp.QuoteMeta(c)
@@ -141,13 +142,13 @@ func TestReportGroupsWhatReachedNothing(t *testing.T) {
 		return regexp.MustCompile(`(?m)^` + strings.Join(cells, ` +`) + `$`)
 	}
 	byTarget := section(t, out, "By target")
-	assert.Regexp(t, row(a, "3", "0", "2"), byTarget)
-	assert.Regexp(t, row(b, "0", "1", "1"), byTarget)
+	assert.Regexp(t, row(a, "2", "0", "2", "1", "0", "1"), byTarget)
+	assert.Regexp(t, row(b, "0", "1", "1", "0", "0", "1"), byTarget)
 	byReason := section(t, out, "By error_reason")
-	assert.Regexp(t, row("-", "3", "0", "2"), byReason)
+	assert.Regexp(t, row("-", "2", "0", "2"), byReason)
 	assert.Regexp(t, row("ExampleReason", "0", "1", "1"), byReason)
 	byMinute := section(t, out, "By minute")
-	assert.Regexp(t, row("2026-11-30T12:03Z", "4", "3", "0"), byMinute)
+	assert.Regexp(t, row("2026-11-30T12:03Z", "4", "2", "0"), byMinute)
 	assert.Regexp(t, row("2026-11-30T12:07Z", "2", "0", "1"), byMinute)
 	assert.NotContains(t, byMinute, "12:00Z", "a minute without a 502 or 504 is left out")
 	assert.NotContains(t, out, "11:59", "before the window")
@@ -172,9 +173,67 @@ func TestNothingLost(t *testing.T) {
 	writeGzip(t, path, entry("2026-11-30T12:00:10.000000Z", "10.0.1.12:8080", "0.004", 200, "200", "-"))
 	code, out, _ := runCmd(t, "-since", "2026-11-30T12:00:00Z", "-until", "2026-11-30T12:10:00Z", path)
 	require.Equal(t, 0, code)
-	assert.Contains(t, out, "1 requests in 1 file(s); 0 502, 0 504")
+	assert.Contains(t, out, "1 requests in 1 file(s); 0 ELB 502, 0 ELB 504")
 	assert.Contains(t, out, "No request reached nothing in this window.")
 	assert.NotContains(t, out, "By target")
+}
+
+// The three lines of the defect: a 502 the balancer answered because no target
+// did (target_status_code "-"), and a 502 and a 504 the target answered
+// itself. CloudWatch counts one HTTPCode_ELB_502_Count, no
+// HTTPCode_ELB_504_Count, and two HTTPCode_Target_5XX_Count; so must we.
+func TestOnlyWhatReachedNothingIsTheBalancers(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "a.log.gz")
+	writeGzip(t, path,
+		entry("2026-11-30T12:03:05.000000Z", "10.0.1.12:8080", "-1", 502, "-", "-"),
+		entry("2026-11-30T12:03:06.000000Z", "10.0.1.12:8080", "0.010", 502, "502", "-"),
+		entry("2026-11-30T12:03:07.000000Z", "10.0.1.12:8080", "30.001", 504, "504", "-"),
+	)
+	code, out, stderr := runCmd(t, "-since", "2026-11-30T12:00:00Z", "-until", "2026-11-30T12:10:00Z", path)
+	require.Equal(t, 0, code, "stderr: %s", stderr)
+	assert.Contains(t, out, "3 requests in 1 file(s); 1 ELB 502, 0 ELB 504 (requests that reached nothing")
+	assert.Contains(t, out, "The targets' own answers, passed through (they reached a server): 1 502, 1 504, 2 5xx in all.")
+	assert.Regexp(t, `(?m)^2026-11-30T12:03Z +3 +1 +0$`, section(t, out, "By minute"))
+}
+
+// AWS's documented example entries ("Access logs for your Application Load
+// Balancer", Examples), each as one line: every kind parses, and only the
+// failed Lambda call, a 502 with target_status_code "-", is the balancer's own.
+func TestAWSExampleEntries(t *testing.T) {
+	tests := []struct {
+		name         string
+		line         string
+		target       string
+		elb          int
+		targetStatus string
+		reason       string
+		own          bool
+	}{
+		{name: "HTTP", target: "10.0.0.1:80", elb: 200, targetStatus: "200", reason: "-",
+			line: `http 2018-07-02T22:23:00.186641Z app/my-loadbalancer/50dc6c495c0c9188 192.168.131.39:2817 10.0.0.1:80 0.000 0.001 0.000 200 200 34 366 "GET http://www.example.com:80/ HTTP/1.1" "curl/7.46.0" - - arn:aws:elasticloadbalancing:us-east-2:123456789012:targetgroup/my-targets/73e2d6bc24d8a067 "Root=1-58337262-36d228ad5d99923122bbe354" "-" "-" 0 2018-07-02T22:22:48.364000Z "forward" "-" "-"`},
+		{name: "HTTPS", target: "10.0.0.1:80", elb: 200, targetStatus: "200", reason: "-", line: httpsEntry},
+		{name: "HTTP/2", target: "10.0.0.66:9000", elb: 200, targetStatus: "200", reason: "-",
+			line: `h2 2018-07-02T22:23:00.186641Z app/my-loadbalancer/50dc6c495c0c9188 10.0.1.252:48160 10.0.0.66:9000 0.000 0.002 0.000 200 200 5 257 "GET https://10.0.2.105:773/ HTTP/2.0" "curl/7.46.0" ECDHE-RSA-AES128-GCM-SHA256 TLSv1.2 arn:aws:elasticloadbalancing:us-east-2:123456789012:targetgroup/my-targets/73e2d6bc24d8a067 "Root=1-58337327-72bd00b0343d75b906739c42" "-" "-" 1 2018-07-02T22:22:48.364000Z "redirect" "https://example.com:80/" "-"`},
+		{name: "WebSockets", target: "10.0.1.192:8010", elb: 101, targetStatus: "101", reason: "-",
+			line: `ws 2018-07-02T22:23:00.186641Z app/my-loadbalancer/50dc6c495c0c9188 10.0.0.140:40914 10.0.1.192:8010 0.001 0.003 0.000 101 101 218 587 "GET http://10.0.0.30:80/ HTTP/1.1" "-" - - arn:aws:elasticloadbalancing:us-east-2:123456789012:targetgroup/my-targets/73e2d6bc24d8a067 "Root=1-58337364-23a8c76965a2ef7629b185e3" "-" "-" 1 2018-07-02T22:22:48.364000Z "forward" "-" "-"`},
+		{name: "secured WebSockets", target: "10.0.0.171:8010", elb: 101, targetStatus: "101", reason: "-",
+			line: `wss 2018-07-02T22:23:00.186641Z app/my-loadbalancer/50dc6c495c0c9188 10.0.0.140:44244 10.0.0.171:8010 0.000 0.001 0.000 101 101 218 786 "GET https://10.0.0.30:443/ HTTP/1.1" "-" ECDHE-RSA-AES128-GCM-SHA256 TLSv1.2 arn:aws:elasticloadbalancing:us-west-2:123456789012:targetgroup/my-targets/73e2d6bc24d8a067 "Root=1-58337364-23a8c76965a2ef7629b185e3" "-" "-" 1 2018-07-02T22:22:48.364000Z "forward" "-" "-"`},
+		{name: "Lambda, succeeded", target: "-", elb: 200, targetStatus: "200", reason: "-",
+			line: `http 2018-11-30T22:23:00.186641Z app/my-loadbalancer/50dc6c495c0c9188 192.168.131.39:2817 - 0.000 0.001 0.000 200 200 34 366 "GET http://www.example.com:80/ HTTP/1.1" "curl/7.46.0" - - arn:aws:elasticloadbalancing:us-east-2:123456789012:targetgroup/my-targets/73e2d6bc24d8a067 "Root=1-58337364-23a8c76965a2ef7629b185e3" "-" "-" 0 2018-11-30T22:22:48.364000Z "forward" "-" "-"`},
+		{name: "Lambda, failed", target: "-", elb: 502, targetStatus: "-", reason: "LambdaInvalidResponse", own: true,
+			line: `http 2018-11-30T22:23:00.186641Z app/my-loadbalancer/50dc6c495c0c9188 192.168.131.39:2817 - 0.000 0.001 0.000 502 - 34 366 "GET http://www.example.com:80/ HTTP/1.1" "curl/7.46.0" - - arn:aws:elasticloadbalancing:us-east-2:123456789012:targetgroup/my-targets/73e2d6bc24d8a067 "Root=1-58337364-23a8c76965a2ef7629b185e3" "-" "-" 0 2018-11-30T22:22:48.364000Z "forward" "-" "LambdaInvalidResponse"`},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			e, err := ParseLine(tc.line)
+			require.NoError(t, err)
+			assert.Equal(t, tc.target, e.Target)
+			assert.Equal(t, tc.elb, e.ELBStatus)
+			assert.Equal(t, tc.targetStatus, e.TargetStatus)
+			assert.Equal(t, tc.reason, e.ErrorReason)
+			assert.Equal(t, tc.own, balancersOwn(e), "the balancer's own answer")
+		})
+	}
 }
 
 func TestBadInput(t *testing.T) {
