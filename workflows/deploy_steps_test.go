@@ -5,8 +5,6 @@ import (
 	"crypto/sha256"
 	"encoding/binary"
 	"encoding/hex"
-	"encoding/json"
-	"fmt"
 	"io"
 	"math"
 	"net/http"
@@ -86,9 +84,8 @@ type datapoint struct {
 }
 
 // fakeCloudWatch answers GetMetricData on loopback with the datapoints given,
-// in whichever protocol the AWS CLI at hand speaks: Smithy RPC v2 CBOR, AWS
-// JSON 1.0 or the query protocol with XML, which CloudWatch has each served
-// (botocore picks the first of its model's protocols that it supports).
+// in Smithy RPC v2 CBOR, the protocol aws-sdk-go-v2's CloudWatch client
+// speaks.
 type fakeCloudWatch struct {
 	points []datapoint
 	mu     sync.Mutex
@@ -98,44 +95,17 @@ type fakeCloudWatch struct {
 var queryIDs = []string{"requests", "elb502", "elb504", "elb503", "target5xx"}
 
 func (f *fakeCloudWatch) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	body, _ := io.ReadAll(r.Body)
+	_, _ = io.Copy(io.Discard, r.Body)
 	f.mu.Lock()
-	f.calls = append(f.calls, r.Header.Get("Content-Type")+" "+r.URL.Path+" "+firstLine(body))
+	f.calls = append(f.calls, r.Header.Get("Content-Type")+" "+r.URL.Path)
 	f.mu.Unlock()
-	switch ct := r.Header.Get("Content-Type"); {
-	case ct == "application/cbor":
-		if !strings.HasSuffix(r.URL.Path, "/operation/GetMetricData") {
-			http.Error(w, "unexpected operation "+r.URL.Path, http.StatusBadRequest)
-			return
-		}
-		w.Header().Set("smithy-protocol", "rpc-v2-cbor")
-		w.Header().Set("Content-Type", "application/cbor")
-		_, _ = w.Write(f.cbor())
-	case ct == "application/x-amz-json-1.0":
-		if r.Header.Get("X-Amz-Target") != "GraniteServiceVersion20100801.GetMetricData" {
-			http.Error(w, "unexpected target "+r.Header.Get("X-Amz-Target"), http.StatusBadRequest)
-			return
-		}
-		w.Header().Set("Content-Type", "application/x-amz-json-1.0")
-		_, _ = w.Write(f.json())
-	case strings.HasPrefix(ct, "application/x-www-form-urlencoded"):
-		if !bytes.Contains(body, []byte("Action=GetMetricData")) {
-			http.Error(w, "unexpected action", http.StatusBadRequest)
-			return
-		}
-		w.Header().Set("Content-Type", "text/xml")
-		_, _ = io.WriteString(w, f.xml())
-	default:
-		http.Error(w, "unsupported protocol "+ct, http.StatusBadRequest)
+	if r.Header.Get("Content-Type") != "application/cbor" || !strings.HasSuffix(r.URL.Path, "/operation/GetMetricData") {
+		http.Error(w, "unexpected call "+r.URL.Path, http.StatusBadRequest)
+		return
 	}
-}
-
-func firstLine(b []byte) string {
-	s, _, _ := strings.Cut(string(b), "\n")
-	if len(s) > 80 || strings.ContainsFunc(s, func(r rune) bool { return r < ' ' }) {
-		return fmt.Sprintf("(%d bytes)", len(b))
-	}
-	return s
+	w.Header().Set("smithy-protocol", "rpc-v2-cbor")
+	w.Header().Set("Content-Type", "application/cbor")
+	_, _ = w.Write(f.cbor())
 }
 
 func (f *fakeCloudWatch) byID() map[string][]datapoint {
@@ -147,51 +117,6 @@ func (f *fakeCloudWatch) byID() map[string][]datapoint {
 		sort.Slice(ps, func(i, j int) bool { return ps[i].at.Before(ps[j].at) })
 	}
 	return m
-}
-
-// json is the AWS JSON 1.0 answer: timestamps in epoch seconds.
-func (f *fakeCloudWatch) json() []byte {
-	type result struct {
-		ID         string `json:"Id"`
-		Label      string
-		Timestamps []float64
-		Values     []float64
-		StatusCode string
-	}
-	out := struct {
-		MetricDataResults []result
-		Messages          []any
-	}{Messages: []any{}}
-	m := f.byID()
-	for _, id := range queryIDs {
-		r := result{ID: id, Label: id, Timestamps: []float64{}, Values: []float64{}, StatusCode: "Complete"}
-		for _, p := range m[id] {
-			r.Timestamps = append(r.Timestamps, float64(p.at.Unix()))
-			r.Values = append(r.Values, p.value)
-		}
-		out.MetricDataResults = append(out.MetricDataResults, r)
-	}
-	b, _ := json.Marshal(out)
-	return b
-}
-
-func (f *fakeCloudWatch) xml() string {
-	var b strings.Builder
-	b.WriteString(`<GetMetricDataResponse xmlns="http://monitoring.amazonaws.com/doc/2010-08-01/"><GetMetricDataResult><MetricDataResults>`)
-	m := f.byID()
-	for _, id := range queryIDs {
-		fmt.Fprintf(&b, "<member><Id>%s</Id><Label>%s</Label><Timestamps>", id, id)
-		for _, p := range m[id] {
-			fmt.Fprintf(&b, "<member>%s</member>", p.at.UTC().Format(time.RFC3339))
-		}
-		b.WriteString("</Timestamps><Values>")
-		for _, p := range m[id] {
-			fmt.Fprintf(&b, "<member>%g</member>", p.value)
-		}
-		b.WriteString("</Values><StatusCode>Complete</StatusCode></member>")
-	}
-	b.WriteString(`</MetricDataResults><Messages/></GetMetricDataResult><ResponseMetadata><RequestId>00000000-0000-4000-8000-000000000000</RequestId></ResponseMetadata></GetMetricDataResponse>`)
-	return b.String()
 }
 
 // cbor encodes the answer in CBOR (RFC 8949): maps with text keys, arrays,
@@ -242,25 +167,19 @@ func (f *fakeCloudWatch) cbor() []byte {
 	return b.Bytes()
 }
 
-// awsCLI is a bin directory whose `aws` runs the real AWS CLI against
-// endpoint, with throwaway credentials; the arguments are the step's own.
-func awsCLI(t *testing.T, endpoint string) (string, map[string]string) {
-	t.Helper()
-	real, err := exec.LookPath("aws")
-	require.NoError(t, err, "the AWS CLI is needed: apt-get install awscli")
-	bin := t.TempDir()
-	script := fmt.Sprintf("#!/usr/bin/env bash\nexec %q \"$@\" --endpoint-url %q\n", real, endpoint)
-	require.NoError(t, os.WriteFile(filepath.Join(bin, "aws"), []byte(script), 0o755))
-	return bin, map[string]string{
+// jobAWS is the environment configure-aws-credentials leaves, with
+// throwaway credentials, and the SDK pointed at endpoint.
+func jobAWS(endpoint, dir string) map[string]string {
+	return map[string]string{
 		"AWS_ACCESS_KEY_ID": "AKIAIOSFODNN7EXAMPLE", "AWS_SECRET_ACCESS_KEY": "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY",
 		"AWS_SESSION_TOKEN": "", "AWS_PROFILE": "", "AWS_DEFAULT_PROFILE": "", "AWS_DEFAULT_REGION": "us-east-1", "AWS_REGION": "us-east-1",
-		"AWS_EC2_METADATA_DISABLED": "true", "AWS_MAX_ATTEMPTS": "1", "AWS_CONFIG_FILE": filepath.Join(bin, "none"),
-		"AWS_SHARED_CREDENTIALS_FILE": filepath.Join(bin, "none"),
+		"AWS_EC2_METADATA_DISABLED": "true", "AWS_CONFIG_FILE": filepath.Join(dir, "none"),
+		"AWS_SHARED_CREDENTIALS_FILE": filepath.Join(dir, "none"), "AWS_ENDPOINT_URL": endpoint,
 	}
 }
 
-// The deploy job's count of the rollout's 502s: the real step, the real AWS
-// CLI, CloudWatch on loopback. It writes the table to the job summary and
+// The deploy job's count of the rollout's 502s: the real step, CloudWatch on
+// loopback, the rollout's end from a stand-in `date`. It writes the table to the job summary and
 // fails the job on any 502 or 504 above the threshold (0 unless configured).
 func TestRolloutCountsTheLoadBalancersOwnErrors(t *testing.T) {
 	w := load(t, "deploy.yml")
@@ -276,7 +195,8 @@ func TestRolloutCountsTheLoadBalancersOwnErrors(t *testing.T) {
 	assert.Equal(t, "${{ vars.DEPLOY_MAX_502 || '0' }}", s.Env["MAX_502"], "502 threshold: config, 0 by default")
 	assert.Equal(t, "${{ vars.DEPLOY_MAX_504 || '0' }}", s.Env["MAX_504"], "504 threshold: config, 0 by default")
 
-	start := time.Now().UTC().Add(-4 * time.Minute).Truncate(time.Second)
+	start := time.Date(2026, 11, 30, 12, 0, 7, 0, time.UTC)
+	end := time.Date(2026, 11, 30, 12, 3, 51, 0, time.UTC)
 	minute := func(i int) time.Time { return start.Truncate(time.Minute).Add(time.Duration(i) * time.Minute) }
 	requests := []datapoint{{"requests", minute(0), 11980}, {"requests", minute(1), 12011}, {"requests", minute(2), 12003}, {"requests", minute(3), 11876}}
 	tests := []struct {
@@ -307,8 +227,9 @@ func TestRolloutCountsTheLoadBalancersOwnErrors(t *testing.T) {
 			cw := &fakeCloudWatch{points: tc.points}
 			srv := httptest.NewServer(cw)
 			defer srv.Close()
-			bin, env := awsCLI(t, srv.URL)
-			tmp := t.TempDir()
+			tmp, bin := t.TempDir(), t.TempDir()
+			env := jobAWS(srv.URL, tmp)
+			require.NoError(t, os.WriteFile(filepath.Join(bin, "date"), []byte("#!/bin/sh\necho "+end.Format(time.RFC3339)+"\n"), 0o755))
 			summary := filepath.Join(tmp, "summary.md")
 			env["PATH"] = bin + string(os.PathListSeparator) + os.Getenv("PATH")
 			env["RUNNER_TEMP"] = tmp
@@ -318,7 +239,8 @@ func TestRolloutCountsTheLoadBalancersOwnErrors(t *testing.T) {
 			env["TARGET_GROUP_ARN_SUFFIX"] = "targetgroup/mythex-tg-5d6e7f8/73e2d6bc24d8a067"
 			env["MAX_502"] = tc.max502
 			env["MAX_504"] = "0"
-			env["METRICS_DELAY_SECONDS"] = "0" // the loopback CloudWatch has every minute at once
+			env["METRICS_WAIT"] = s.Env["METRICS_WAIT"]
+			env["METRICS_POLL"] = s.Env["METRICS_POLL"]
 
 			code, out := runStep(t, s, env)
 			assert.Equal(t, tc.code, code, "step output:\n%s", out)

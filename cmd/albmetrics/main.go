@@ -2,26 +2,34 @@
 // rollout, from CloudWatch, and judges it: the deploy job's measure of the
 // requests that reached nothing in production.
 //
-// It builds the request and reads the answer; the AWS CLI, already on the
-// runner and holding the job's OIDC credentials, sends it:
+//	albmetrics -load-balancer app/NAME/ID -target-group targetgroup/NAME/ID \
+//	    -since 2026-11-30T12:00:07Z -until 2026-11-30T12:04:51Z \
+//	    -max-502 0 -max-504 0 -wait 10m -poll 30s >>"$GITHUB_STEP_SUMMARY"
 //
-//	albmetrics request -load-balancer app/NAME/ID -target-group targetgroup/NAME/ID \
-//	    -since 2026-11-30T12:00:07Z -until 2026-11-30T12:04:51Z >request.json
-//	aws cloudwatch get-metric-data --cli-input-json file://request.json --output json >response.json
-//	albmetrics report -request request.json -max-502 0 -max-504 0 <response.json >>"$GITHUB_STEP_SUMMARY"
+// It asks GetMetricData (aws-sdk-go-v2, with the credentials and region the
+// job's environment holds: AWS_ACCESS_KEY_ID…, AWS_REGION, AWS_ENDPOINT_URL)
+// for 1-minute sums over the window widened to whole minutes, of
+// RequestCount, HTTPCode_ELB_502_Count, HTTPCode_ELB_504_Count and
+// HTTPCode_ELB_503_Count by the load balancer's arnSuffix, and
+// HTTPCode_Target_5XX_Count by its and the target group's.
 //
-// The request asks for 1-minute sums over the window widened to whole
-// minutes, of HTTPCode_ELB_502_Count, HTTPCode_ELB_504_Count and
-// HTTPCode_ELB_503_Count by the load balancer's arnSuffix,
-// HTTPCode_Target_5XX_Count by its and the target group's, and RequestCount.
+// The ALB publishes a metric only for a minute that had something to count,
+// so a missing 502 datapoint means "none" only once the minute is known to be
+// published. RequestCount is that proof: production serves requests every
+// minute (the servers' own health checks are not requests, the clients are),
+// so a minute of the window without a RequestCount datapoint is a minute
+// CloudWatch has not published yet. albmetrics asks again every -poll until
+// every minute has one, for at most -wait; after that it fails naming the
+// minutes, and never says "passed" on an answer that is missing one.
+//
 // The report is a Markdown table; it exits 1 when 502s or 504s exceed their
-// thresholds, or when the answer is not a complete answer to this request.
-// A draining server's 503s never show here: the drain answers 503 to health
-// checks, and health checks are not requests.
+// thresholds, when the answer stays incomplete past -wait, or when CloudWatch
+// cannot be asked; 2 on bad flags. A draining server's 503s never show here:
+// the drain answers 503 to health checks, and health checks are not requests.
 package main
 
 import (
-	"encoding/json"
+	"context"
 	"errors"
 	"flag"
 	"fmt"
@@ -31,29 +39,15 @@ import (
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/config"
+	"github.com/aws/aws-sdk-go-v2/service/cloudwatch"
+	"github.com/aws/aws-sdk-go-v2/service/cloudwatch/types"
 )
 
 func main() {
-	os.Exit(run(os.Args[1:], os.Stdin, os.Stdout, os.Stderr))
-}
-
-func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
-	usage := func() int {
-		fmt.Fprintln(stderr, "usage: albmetrics request -load-balancer SUFFIX -target-group SUFFIX -since TIME -until TIME")
-		fmt.Fprintln(stderr, "       albmetrics report -request FILE [-max-502 N] [-max-504 N] <get-metric-data.json")
-		return 2
-	}
-	if len(args) == 0 {
-		return usage()
-	}
-	switch args[0] {
-	case "request":
-		return runRequest(args[1:], stdout, stderr)
-	case "report":
-		return runReport(args[1:], stdin, stdout, stderr)
-	}
-	fmt.Fprintf(stderr, "albmetrics: unknown command %q\n", args[0])
-	return usage()
+	os.Exit(run(context.Background(), os.Args[1:], os.Stdout, os.Stderr))
 }
 
 // Namespace is where the ALB publishes its metrics.
@@ -70,156 +64,98 @@ type series struct {
 	ByTargetGroup bool
 }
 
+// requestsID is the series every minute of the window must have.
+const requestsID = "requests"
+
 var allSeries = []series{
-	{"requests", "RequestCount", "requests", false},
+	{requestsID, "RequestCount", "requests", false},
 	{"elb502", "HTTPCode_ELB_502_Count", "502", false},
 	{"elb504", "HTTPCode_ELB_504_Count", "504", false},
 	{"elb503", "HTTPCode_ELB_503_Count", "503", false},
 	{"target5xx", "HTTPCode_Target_5XX_Count", "target 5XX", true},
 }
 
-// Request is the input of `aws cloudwatch get-metric-data --cli-input-json`,
-// in the API's own field names.
-type Request struct {
-	MetricDataQueries []Query
-	StartTime         time.Time
-	EndTime           time.Time
-	ScanBy            string
+// Window is the rollout's minutes: [Start, End), both on a minute.
+type Window struct {
+	Start, End                time.Time
+	LoadBalancer, TargetGroup string
 }
 
-// Query is one MetricDataQuery.
-type Query struct {
-	ID         string `json:"Id"`
-	MetricStat MetricStat
-	Label      string
-	ReturnData bool
+// NewWindow widens [since, until] to whole minutes, so the minutes the
+// rollout started and ended in count whole.
+func NewWindow(lbSuffix, tgSuffix string, since, until time.Time) Window {
+	return Window{
+		Start:        since.UTC().Truncate(Period),
+		End:          until.UTC().Add(Period - time.Nanosecond).Truncate(Period),
+		LoadBalancer: lbSuffix,
+		TargetGroup:  tgSuffix,
+	}
 }
 
-// MetricStat names a metric and how to aggregate it.
-type MetricStat struct {
-	Metric Metric
-	Period int
-	Stat   string
+// Minutes lists the window's minutes.
+func (w Window) Minutes() []time.Time {
+	var out []time.Time
+	for m := w.Start; m.Before(w.End); m = m.Add(Period) {
+		out = append(out, m)
+	}
+	return out
 }
 
-// Metric is a CloudWatch metric with its dimensions.
-type Metric struct {
-	Namespace  string
-	MetricName string
-	Dimensions []Dimension
-}
-
-// Dimension is one name=value of a metric.
-type Dimension struct {
-	Name, Value string
-}
-
-// NewRequest asks for every series over [since, until] widened to whole
-// minutes, so the minutes the rollout started and ended in count whole.
-func NewRequest(lbSuffix, tgSuffix string, since, until time.Time) Request {
-	r := Request{
-		StartTime: since.UTC().Truncate(Period),
-		EndTime:   until.UTC().Add(Period - time.Nanosecond).Truncate(Period),
-		ScanBy:    "TimestampAscending",
+// Input is the GetMetricData request for the window.
+func (w Window) Input() *cloudwatch.GetMetricDataInput {
+	in := &cloudwatch.GetMetricDataInput{
+		StartTime: aws.Time(w.Start),
+		EndTime:   aws.Time(w.End),
+		ScanBy:    types.ScanByTimestampAscending,
 	}
 	for _, s := range allSeries {
-		dims := []Dimension{{"LoadBalancer", lbSuffix}}
+		dims := []types.Dimension{{Name: aws.String("LoadBalancer"), Value: aws.String(w.LoadBalancer)}}
 		if s.ByTargetGroup {
-			dims = append(dims, Dimension{"TargetGroup", tgSuffix})
+			dims = append(dims, types.Dimension{Name: aws.String("TargetGroup"), Value: aws.String(w.TargetGroup)})
 		}
-		r.MetricDataQueries = append(r.MetricDataQueries, Query{
-			ID:         s.ID,
-			MetricStat: MetricStat{Metric: Metric{Namespace, s.Metric, dims}, Period: int(Period / time.Second), Stat: "Sum"},
-			Label:      s.Metric,
-			ReturnData: true,
+		in.MetricDataQueries = append(in.MetricDataQueries, types.MetricDataQuery{
+			Id: aws.String(s.ID),
+			MetricStat: &types.MetricStat{
+				Metric: &types.Metric{Namespace: aws.String(Namespace), MetricName: aws.String(s.Metric), Dimensions: dims},
+				Period: aws.Int32(int32(Period / time.Second)),
+				Stat:   aws.String("Sum"),
+			},
+			Label:      aws.String(s.Metric),
+			ReturnData: aws.Bool(true),
 		})
 	}
-	return r
+	return in
 }
 
-func runRequest(args []string, stdout, stderr io.Writer) int {
-	fl := flag.NewFlagSet("albmetrics request", flag.ContinueOnError)
-	fl.SetOutput(stderr)
-	lb := fl.String("load-balancer", "", "the ALB's arnSuffix (pulumi stack output albArnSuffix), app/NAME/ID")
-	tg := fl.String("target-group", "", "the target group's arnSuffix (pulumi stack output targetGroupArnSuffix), targetgroup/NAME/ID")
-	since := fl.String("since", "", "the rollout's start, RFC 3339")
-	until := fl.String("until", "", "the rollout's end, RFC 3339")
-	if err := fl.Parse(args); err != nil {
-		return 2
-	}
-	var problems []string
-	if !strings.HasPrefix(*lb, "app/") || strings.Count(*lb, "/") != 2 {
-		problems = append(problems, fmt.Sprintf("-load-balancer %q must be an ALB's arnSuffix, app/NAME/ID", *lb))
-	}
-	if !strings.HasPrefix(*tg, "targetgroup/") || strings.Count(*tg, "/") != 2 {
-		problems = append(problems, fmt.Sprintf("-target-group %q must be a target group's arnSuffix, targetgroup/NAME/ID", *tg))
-	}
-	from, err1 := time.Parse(time.RFC3339, *since)
-	if err1 != nil {
-		problems = append(problems, fmt.Sprintf("-since %q must be an RFC 3339 time like 2026-11-30T12:00:00Z", *since))
-	}
-	to, err2 := time.Parse(time.RFC3339, *until)
-	if err2 != nil {
-		problems = append(problems, fmt.Sprintf("-until %q must be an RFC 3339 time like 2026-11-30T12:20:00Z", *until))
-	}
-	if err1 == nil && err2 == nil && to.Before(from) {
-		problems = append(problems, fmt.Sprintf("-until %s must not be before -since %s", *until, *since))
-	}
-	if len(problems) > 0 {
-		for _, p := range problems {
-			fmt.Fprintf(stderr, "albmetrics request: %s\n", p)
+// Fetch asks for the window, every page, and gathers the pages' results by
+// query id.
+func Fetch(ctx context.Context, api cloudwatch.GetMetricDataAPIClient, w Window) (*cloudwatch.GetMetricDataOutput, error) {
+	all := &cloudwatch.GetMetricDataOutput{}
+	byID := map[string]int{}
+	p := cloudwatch.NewGetMetricDataPaginator(api, w.Input())
+	for p.HasMorePages() {
+		page, err := p.NextPage(ctx)
+		if err != nil {
+			return nil, fmt.Errorf("CloudWatch GetMetricData: %w", err)
 		}
-		return 2
+		all.Messages = append(all.Messages, page.Messages...)
+		for _, r := range page.MetricDataResults {
+			id := aws.ToString(r.Id)
+			i, ok := byID[id]
+			if !ok {
+				byID[id] = len(all.MetricDataResults)
+				all.MetricDataResults = append(all.MetricDataResults, r)
+				continue
+			}
+			// A later page continues the series; its status is the latest.
+			prev := &all.MetricDataResults[i]
+			prev.Timestamps = append(prev.Timestamps, r.Timestamps...)
+			prev.Values = append(prev.Values, r.Values...)
+			prev.Messages = append(prev.Messages, r.Messages...)
+			prev.StatusCode = r.StatusCode
+		}
 	}
-	enc := json.NewEncoder(stdout)
-	enc.SetIndent("", "  ")
-	if err := enc.Encode(NewRequest(*lb, *tg, from, to)); err != nil {
-		fmt.Fprintf(stderr, "albmetrics request: write: %v\n", err)
-		return 1
-	}
-	return 0
-}
-
-// Response is what `aws cloudwatch get-metric-data --output json` prints.
-// The CLI follows NextToken itself, so one response holds every page.
-type Response struct {
-	MetricDataResults []Result
-	Messages          []Message
-}
-
-// Result is one query's datapoints. A minute with no datapoint had nothing
-// to count: the ALB publishes a count only when it is not zero.
-type Result struct {
-	ID         string `json:"Id"`
-	Label      string
-	Timestamps []Timestamp
-	Values     []float64
-	StatusCode string
-	Messages   []Message
-}
-
-// Timestamp is a datapoint's time as the CLI prints it: an ISO 8601 string
-// (AWS CLI v2's default cli_timestamp_format) or epoch seconds (v1's "none",
-// the wire's value as is).
-type Timestamp struct{ time.Time }
-
-// UnmarshalJSON takes either form.
-func (t *Timestamp) UnmarshalJSON(b []byte) error {
-	if len(b) > 0 && b[0] == '"' {
-		return t.Time.UnmarshalJSON(b)
-	}
-	var secs float64
-	if err := json.Unmarshal(b, &secs); err != nil {
-		return fmt.Errorf("timestamp %s is neither ISO 8601 nor epoch seconds", b)
-	}
-	whole, frac := math.Modf(secs)
-	t.Time = time.Unix(int64(whole), int64(frac*1e9)).UTC()
-	return nil
-}
-
-// Message is a note CloudWatch attaches to a response or a result.
-type Message struct {
-	Code, Value string
+	return all, nil
 }
 
 // Counts are the sums of every series over the window and per minute.
@@ -228,62 +164,76 @@ type Counts struct {
 	ByMinute map[time.Time]map[string]int64
 }
 
-// Read checks that resp answers req completely and sums it.
-func Read(req Request, resp Response) (Counts, error) {
+// Read sums an answer for the window. It returns an error when the answer
+// is wrong (a result for no query, a datapoint outside the window, a value
+// that is no count, a note from CloudWatch), and the window's minutes it
+// does not cover yet: a query not Complete, or a minute without a
+// RequestCount datapoint. Only an answer with neither is a count.
+func Read(w Window, resp *cloudwatch.GetMetricDataOutput) (Counts, []string, error) {
 	c := Counts{Total: map[string]int64{}, ByMinute: map[time.Time]map[string]int64{}}
-	var problems []string
+	var problems, pending []string
 	for _, m := range resp.Messages {
-		problems = append(problems, fmt.Sprintf("CloudWatch says %s: %s", m.Code, m.Value))
+		problems = append(problems, fmt.Sprintf("CloudWatch says %s: %s", aws.ToString(m.Code), aws.ToString(m.Value)))
 	}
 	seen := map[string]bool{}
 	for _, r := range resp.MetricDataResults {
-		if !slices.ContainsFunc(req.MetricDataQueries, func(q Query) bool { return q.ID == r.ID }) {
-			problems = append(problems, fmt.Sprintf("result %q answers no query of the request", r.ID))
+		id := aws.ToString(r.Id)
+		if !slices.ContainsFunc(allSeries, func(s series) bool { return s.ID == id }) {
+			problems = append(problems, fmt.Sprintf("result %q answers no query of the request", id))
 			continue
 		}
-		if seen[r.ID] {
-			problems = append(problems, fmt.Sprintf("result %q appears twice", r.ID))
+		if seen[id] {
+			problems = append(problems, fmt.Sprintf("result %q appears twice", id))
 			continue
 		}
-		seen[r.ID] = true
-		if r.StatusCode != "Complete" {
-			problems = append(problems, fmt.Sprintf("result %q has StatusCode %q, not Complete", r.ID, r.StatusCode))
+		seen[id] = true
+		if r.StatusCode != types.StatusCodeComplete {
+			pending = append(pending, fmt.Sprintf("result %q has StatusCode %q, not Complete", id, r.StatusCode))
 		}
 		for _, m := range r.Messages {
-			problems = append(problems, fmt.Sprintf("result %q: CloudWatch says %s: %s", r.ID, m.Code, m.Value))
+			problems = append(problems, fmt.Sprintf("result %q: CloudWatch says %s: %s", id, aws.ToString(m.Code), aws.ToString(m.Value)))
 		}
 		if len(r.Timestamps) != len(r.Values) {
-			problems = append(problems, fmt.Sprintf("result %q has %d timestamps for %d values", r.ID, len(r.Timestamps), len(r.Values)))
+			problems = append(problems, fmt.Sprintf("result %q has %d timestamps for %d values", id, len(r.Timestamps), len(r.Values)))
 			continue
 		}
-		for i, stamp := range r.Timestamps {
-			ts, v := stamp.Time, r.Values[i]
+		for i, ts := range r.Timestamps {
+			v := r.Values[i]
 			switch {
-			case ts.Before(req.StartTime) || !ts.Before(req.EndTime):
-				problems = append(problems, fmt.Sprintf("result %q: datapoint at %s is outside the window %s–%s", r.ID,
-					ts.UTC().Format(time.RFC3339), req.StartTime.Format(time.RFC3339), req.EndTime.Format(time.RFC3339)))
+			case ts.Before(w.Start) || !ts.Before(w.End):
+				problems = append(problems, fmt.Sprintf("result %q: datapoint at %s is outside the window %s–%s", id,
+					ts.UTC().Format(time.RFC3339), w.Start.Format(time.RFC3339), w.End.Format(time.RFC3339)))
 				continue
 			case v < 0 || v != math.Trunc(v):
-				problems = append(problems, fmt.Sprintf("result %q: value %v at %s is not a count", r.ID, v, ts.UTC().Format(time.RFC3339)))
+				problems = append(problems, fmt.Sprintf("result %q: value %v at %s is not a count", id, v, ts.UTC().Format(time.RFC3339)))
 				continue
 			}
 			minute := ts.UTC().Truncate(Period)
 			if c.ByMinute[minute] == nil {
 				c.ByMinute[minute] = map[string]int64{}
 			}
-			c.ByMinute[minute][r.ID] += int64(v)
-			c.Total[r.ID] += int64(v)
+			c.ByMinute[minute][id] += int64(v)
+			c.Total[id] += int64(v)
 		}
 	}
-	for _, q := range req.MetricDataQueries {
-		if !seen[q.ID] {
-			problems = append(problems, fmt.Sprintf("no result for query %q (%s)", q.ID, q.MetricStat.Metric.MetricName))
+	for _, s := range allSeries {
+		if !seen[s.ID] {
+			problems = append(problems, fmt.Sprintf("no result for query %q (%s)", s.ID, s.Metric))
 		}
 	}
 	if len(problems) > 0 {
-		return Counts{}, fmt.Errorf("the CloudWatch answer is not a complete answer to the request:\n  %s", strings.Join(problems, "\n  "))
+		return Counts{}, nil, fmt.Errorf("the CloudWatch answer is not an answer to the request:\n  %s", strings.Join(problems, "\n  "))
 	}
-	return c, nil
+	var missing []string
+	for _, m := range w.Minutes() {
+		if _, ok := c.ByMinute[m][requestsID]; !ok {
+			missing = append(missing, m.Format("15:04Z"))
+		}
+	}
+	if len(missing) > 0 {
+		pending = append(pending, "no RequestCount datapoint for minute(s) "+strings.Join(missing, ", "))
+	}
+	return c, pending, nil
 }
 
 // Thresholds are the most 502s and 504s a rollout may cause.
@@ -303,19 +253,13 @@ func (t Thresholds) Verdict(c Counts) []string {
 	return over
 }
 
-// WriteMarkdown writes the job summary: the totals, every minute that had a
-// 5XX, and the verdict.
-func WriteMarkdown(w io.Writer, req Request, c Counts, t Thresholds) error {
+// WriteMarkdown writes the job summary of a complete answer: the totals,
+// every minute that had a 5XX, and the verdict.
+func WriteMarkdown(w io.Writer, win Window, c Counts, t Thresholds) error {
 	var b strings.Builder
-	dim := map[string]string{}
-	for _, q := range req.MetricDataQueries {
-		for _, d := range q.MetricStat.Metric.Dimensions {
-			dim[d.Name] = d.Value
-		}
-	}
 	fmt.Fprintf(&b, "### Production: requests that reached nothing during the rollout\n\n")
-	fmt.Fprintf(&b, "CloudWatch `%s`, 1-minute sums, %s to %s (the rollout's minutes), load balancer `%s`, target group `%s`.\n\n",
-		Namespace, req.StartTime.Format(time.RFC3339), req.EndTime.Format(time.RFC3339), dim["LoadBalancer"], dim["TargetGroup"])
+	fmt.Fprintf(&b, "CloudWatch `%s`, 1-minute sums, %s to %s (the rollout's minutes, each with its RequestCount published), load balancer `%s`, target group `%s`.\n\n",
+		Namespace, win.Start.Format(time.RFC3339), win.End.Format(time.RFC3339), win.LoadBalancer, win.TargetGroup)
 	header := "| | requests | 502 | 504 | 503 | target 5XX |\n|---|---:|---:|---:|---:|---:|\n"
 	row := func(name string, m map[string]int64) {
 		fmt.Fprintf(&b, "| %s |", name)
@@ -340,8 +284,8 @@ func WriteMarkdown(w io.Writer, req Request, c Counts, t Thresholds) error {
 		"(a draining server's 503s answer health checks, which are not requests, and never show here); " +
 		"target 5XX are the servers' own errors.\n\n")
 	if over := t.Verdict(c); len(over) > 0 {
-		fmt.Fprintf(&b, "**Failed:** %s. Which server and which phase: `go run ./cmd/alblogs -since %s -until %s LOGS` on the access logs (README, production runbook).\n",
-			strings.Join(over, "; "), req.StartTime.Format(time.RFC3339), req.EndTime.Format(time.RFC3339))
+		fmt.Fprintf(&b, "**Failed:** %s. Which server and which phase: `go run ./cmd/alblogs -since %s -until %s LOGS` on the access logs (docs/runbook.md).\n",
+			strings.Join(over, "; "), win.Start.Format(time.RFC3339), win.End.Format(time.RFC3339))
 	} else {
 		fmt.Fprintf(&b, "**Passed:** %d 502 (threshold %d), %d 504 (threshold %d).\n", c.Total["elb502"], t.Max502, c.Total["elb504"], t.Max504)
 	}
@@ -351,68 +295,146 @@ func WriteMarkdown(w io.Writer, req Request, c Counts, t Thresholds) error {
 	return nil
 }
 
-func runReport(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
-	fl := flag.NewFlagSet("albmetrics report", flag.ContinueOnError)
-	fl.SetOutput(stderr)
-	reqPath := fl.String("request", "", "the request file `albmetrics request` wrote")
-	var t Thresholds
-	fl.Int64Var(&t.Max502, "max-502", 0, "most HTTPCode_ELB_502_Count the rollout may cause")
-	fl.Int64Var(&t.Max504, "max-504", 0, "most HTTPCode_ELB_504_Count the rollout may cause")
-	if err := fl.Parse(args); err != nil {
-		return 2
-	}
-	var problems []string
-	if *reqPath == "" {
-		problems = append(problems, "-request is required")
-	}
-	if t.Max502 < 0 {
-		problems = append(problems, fmt.Sprintf("-max-502 %d must not be negative", t.Max502))
-	}
-	if t.Max504 < 0 {
-		problems = append(problems, fmt.Sprintf("-max-504 %d must not be negative", t.Max504))
-	}
-	if len(problems) > 0 {
-		for _, p := range problems {
-			fmt.Fprintf(stderr, "albmetrics report: %s\n", p)
-		}
-		return 2
-	}
-	req, resp, err := readInputs(*reqPath, stdin)
-	if err == nil {
-		var c Counts
-		if c, err = Read(req, resp); err == nil {
-			if err = WriteMarkdown(stdout, req, c, t); err == nil {
-				if over := t.Verdict(c); len(over) > 0 {
-					fmt.Fprintf(stderr, "albmetrics report: the rollout made requests reach nothing: %s\n", strings.Join(over, "; "))
-					return 1
-				}
-				return 0
-			}
-		}
-	}
-	fmt.Fprintf(stderr, "albmetrics report: %v\n", err)
-	return 1
+// options are the command's flags.
+type options struct {
+	lb, tg, since, until string
+	thresholds           Thresholds
+	wait, poll, call     time.Duration
 }
 
-func readInputs(reqPath string, stdin io.Reader) (Request, Response, error) {
-	var req Request
-	b, err := os.ReadFile(reqPath)
-	if err != nil {
-		return Request{}, Response{}, fmt.Errorf("read the request: %w", err)
+// errFlags is a parse error the flag package has already reported.
+var errFlags = errors.New("bad flags")
+
+func parse(args []string, stderr io.Writer) (options, Window, error) {
+	var o options
+	fl := flag.NewFlagSet("albmetrics", flag.ContinueOnError)
+	fl.SetOutput(stderr)
+	fl.StringVar(&o.lb, "load-balancer", "", "the ALB's arnSuffix (pulumi stack output albArnSuffix), app/NAME/ID")
+	fl.StringVar(&o.tg, "target-group", "", "the target group's arnSuffix (pulumi stack output targetGroupArnSuffix), targetgroup/NAME/ID")
+	fl.StringVar(&o.since, "since", "", "the rollout's start, RFC 3339")
+	fl.StringVar(&o.until, "until", "", "the rollout's end, RFC 3339")
+	fl.Int64Var(&o.thresholds.Max502, "max-502", 0, "most HTTPCode_ELB_502_Count the rollout may cause")
+	fl.Int64Var(&o.thresholds.Max504, "max-504", 0, "most HTTPCode_ELB_504_Count the rollout may cause")
+	fl.DurationVar(&o.wait, "wait", 10*time.Minute, "how long to wait for CloudWatch to publish every minute of the window")
+	fl.DurationVar(&o.poll, "poll", 30*time.Second, "how often to ask again while a minute is missing")
+	fl.DurationVar(&o.call, "call-timeout", time.Minute, "bound on one GetMetricData exchange, its retries included")
+	if err := fl.Parse(args); err != nil {
+		// The flag package has said what is wrong.
+		return o, Window{}, errFlags
 	}
-	if err := json.Unmarshal(b, &req); err != nil {
-		return Request{}, Response{}, fmt.Errorf("request %s: %w", reqPath, err)
+	var problems []string
+	if fl.NArg() > 0 {
+		problems = append(problems, fmt.Sprintf("unexpected argument(s) %q", fl.Args()))
 	}
-	if len(req.MetricDataQueries) != len(allSeries) {
-		return Request{}, Response{}, fmt.Errorf("request %s has %d queries, not the %d `albmetrics request` writes", reqPath, len(req.MetricDataQueries), len(allSeries))
+	if !strings.HasPrefix(o.lb, "app/") || strings.Count(o.lb, "/") != 2 {
+		problems = append(problems, fmt.Sprintf("-load-balancer %q must be an ALB's arnSuffix, app/NAME/ID", o.lb))
 	}
-	var resp Response
-	// Fields the CLI may add later are ignored; the ones read are checked.
-	if err := json.NewDecoder(stdin).Decode(&resp); err != nil {
-		if errors.Is(err, io.EOF) {
-			err = errors.New("stdin is empty")
+	if !strings.HasPrefix(o.tg, "targetgroup/") || strings.Count(o.tg, "/") != 2 {
+		problems = append(problems, fmt.Sprintf("-target-group %q must be a target group's arnSuffix, targetgroup/NAME/ID", o.tg))
+	}
+	from, err1 := time.Parse(time.RFC3339, o.since)
+	if err1 != nil {
+		problems = append(problems, fmt.Sprintf("-since %q must be an RFC 3339 time like 2026-11-30T12:00:00Z", o.since))
+	}
+	to, err2 := time.Parse(time.RFC3339, o.until)
+	if err2 != nil {
+		problems = append(problems, fmt.Sprintf("-until %q must be an RFC 3339 time like 2026-11-30T12:20:00Z", o.until))
+	}
+	if err1 == nil && err2 == nil && to.Before(from) {
+		problems = append(problems, fmt.Sprintf("-until %s must not be before -since %s", o.until, o.since))
+	}
+	if o.thresholds.Max502 < 0 {
+		problems = append(problems, fmt.Sprintf("-max-502 %d must not be negative", o.thresholds.Max502))
+	}
+	if o.thresholds.Max504 < 0 {
+		problems = append(problems, fmt.Sprintf("-max-504 %d must not be negative", o.thresholds.Max504))
+	}
+	if o.wait < 0 {
+		problems = append(problems, fmt.Sprintf("-wait %s must not be negative", o.wait))
+	}
+	if o.poll <= 0 {
+		problems = append(problems, fmt.Sprintf("-poll %s must be positive", o.poll))
+	}
+	if o.call <= 0 {
+		problems = append(problems, fmt.Sprintf("-call-timeout %s must be positive", o.call))
+	}
+	if len(problems) > 0 {
+		return o, Window{}, errors.New(strings.Join(problems, "\n"))
+	}
+	return o, NewWindow(o.lb, o.tg, from, to), nil
+}
+
+// Await asks for the window until the answer covers every minute, for at
+// most wait: the counts of a complete answer, or an error naming what is
+// still missing. progress gets a line for each answer found short.
+func Await(ctx context.Context, api cloudwatch.GetMetricDataAPIClient, w Window, wait, poll, call time.Duration, progress io.Writer) (Counts, error) {
+	deadline := time.Now().Add(wait)
+	for {
+		callCtx, cancel := context.WithTimeout(ctx, call)
+		resp, err := Fetch(callCtx, api, w)
+		cancel()
+		if err != nil {
+			return Counts{}, err
 		}
-		return Request{}, Response{}, fmt.Errorf("read the get-metric-data answer on stdin: %w", err)
+		c, pending, err := Read(w, resp)
+		if err != nil {
+			return Counts{}, err
+		}
+		if len(pending) == 0 {
+			return c, nil
+		}
+		left := time.Until(deadline)
+		if left < poll {
+			return Counts{}, fmt.Errorf("not judged: after waiting %s, CloudWatch has not published the whole window %s–%s: %s "+
+				"(production serves requests every minute, so a minute without RequestCount is unpublished, not quiet; "+
+				"read the access logs with alblogs, or run the job again)",
+				wait, w.Start.Format(time.RFC3339), w.End.Format(time.RFC3339), strings.Join(pending, "; "))
+		}
+		fmt.Fprintf(progress, "albmetrics: %s; asking again in %s (%s left of -wait %s)\n", strings.Join(pending, "; "), poll, left.Round(time.Second), wait)
+		t := time.NewTimer(poll)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return Counts{}, fmt.Errorf("waiting for CloudWatch: %w", ctx.Err())
+		case <-t.C:
+		}
 	}
-	return req, resp, nil
+}
+
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	o, w, err := parse(args, stderr)
+	if errors.Is(err, errFlags) {
+		return 2
+	}
+	if err != nil {
+		for _, line := range strings.Split(err.Error(), "\n") {
+			fmt.Fprintf(stderr, "albmetrics: %s\n", line)
+		}
+		return 2
+	}
+	cfgCtx, cancel := context.WithTimeout(ctx, o.call)
+	cfg, err := config.LoadDefaultConfig(cfgCtx)
+	cancel()
+	if err != nil {
+		fmt.Fprintf(stderr, "albmetrics: AWS configuration: %v\n", err)
+		return 1
+	}
+	if cfg.Region == "" {
+		fmt.Fprintln(stderr, "albmetrics: no AWS region: set AWS_REGION (configure-aws-credentials sets it)")
+		return 1
+	}
+	c, err := Await(ctx, cloudwatch.NewFromConfig(cfg), w, o.wait, o.poll, o.call, stderr)
+	if err != nil {
+		fmt.Fprintf(stderr, "albmetrics: %v\n", err)
+		return 1
+	}
+	if err := WriteMarkdown(stdout, w, c, o.thresholds); err != nil {
+		fmt.Fprintf(stderr, "albmetrics: %v\n", err)
+		return 1
+	}
+	if over := o.thresholds.Verdict(c); len(over) > 0 {
+		fmt.Fprintf(stderr, "albmetrics: the rollout made requests reach nothing: %s\n", strings.Join(over, "; "))
+		return 1
+	}
+	return 0
 }
