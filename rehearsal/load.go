@@ -258,11 +258,8 @@ type Load struct {
 	// goroutine's own start differs by its scheduling delay).
 	start time.Time
 
-	kinds    []Kind // the mix, each kind repeated by its weight
-	total    counter
-	byMethod map[string]*counter
-	byTarget map[string]*counter
-	skipped  atomic.Int64
+	kinds []Kind // the mix, each kind repeated by its weight
+	tally tally
 
 	errMu     sync.Mutex
 	errSample map[string]int64
@@ -294,9 +291,11 @@ func StartLoad(ctx context.Context, cfg LoadConfig) (*Load, error) {
 	// their own timeout and are counted. Only ctx's end cuts them.
 	pace, cancel := context.WithTimeout(ctx, cfg.MaxDuration)
 	l := &Load{
-		cfg:       cfg,
-		byMethod:  map[string]*counter{},
-		byTarget:  map[string]*counter{},
+		cfg: cfg,
+		tally: tally{
+			byMethod: map[string]*counter{},
+			byTarget: map[string]*counter{},
+		},
 		client:    &http.Client{Transport: transport, Timeout: cfg.RequestTimeout},
 		cancel:    cancel,
 		done:      make(chan struct{}),
@@ -304,14 +303,14 @@ func StartLoad(ctx context.Context, cfg LoadConfig) (*Load, error) {
 		errSample: map[string]int64{},
 	}
 	for _, t := range cfg.Targets {
-		l.byTarget[t] = &counter{}
+		l.tally.byTarget[t] = &counter{}
 	}
 	for _, k := range cfg.Mix {
 		for range k.Weight {
 			l.kinds = append(l.kinds, k)
 		}
-		if l.byMethod[k.Method] == nil {
-			l.byMethod[k.Method] = &counter{}
+		if l.tally.byMethod[k.Method] == nil {
+			l.tally.byMethod[k.Method] = &counter{}
 		}
 	}
 	l.wg.Add(1)
@@ -364,7 +363,7 @@ func (l *Load) run(pace, reqCtx context.Context, conns int) {
 						l.one(reqCtx, target, kind)
 					}()
 				default:
-					l.skipped.Add(1)
+					l.tally.skip()
 				}
 			}
 			if sent >= l.cfg.MaxRequests {
@@ -445,10 +444,9 @@ func (l *Load) one(ctx context.Context, target string, k Kind) {
 	if k.Method == http.MethodPost {
 		body = bytes.NewReader(bytes.Repeat([]byte("x"), k.Body))
 	}
-	c := &multi{l.byMethod[k.Method], l.byTarget[target]}
 	req, err := http.NewRequestWithContext(ctx, k.Method, target+k.Path, body)
 	if err != nil {
-		l.clientError(c, err)
+		l.clientError(k.Method, target, err)
 		return
 	}
 	resp, err := l.client.Do(req)
@@ -457,35 +455,90 @@ func (l *Load) one(ctx context.Context, target string, k Kind) {
 			// The whole rehearsal was cancelled: not a failed request.
 			return
 		}
-		l.clientError(c, err)
+		l.clientError(k.Method, target, err)
 		return
 	}
 	// Read the whole body so the connection goes back to the pool.
 	_, copyErr := io.Copy(io.Discard, resp.Body)
 	_ = resp.Body.Close()
 	if copyErr != nil {
-		l.clientError(c, fmt.Errorf("%s: read body: %w", k.Method, copyErr))
+		l.clientError(k.Method, target, fmt.Errorf("%s: read body: %w", k.Method, copyErr))
 		return
 	}
-	l.total.add(resp.StatusCode)
-	c[0].add(resp.StatusCode)
-	c[1].add(resp.StatusCode)
+	l.tally.answer(k.Method, target, resp.StatusCode)
 	if s := resp.StatusCode; s < 200 || (s >= 300 && s != http.StatusBadGateway && s != http.StatusServiceUnavailable && s != http.StatusGatewayTimeout) {
 		l.noteError(fmt.Errorf("%s: status %d", k.Method, s))
 	}
 }
 
-func (l *Load) clientError(c *multi, err error) {
-	for _, x := range append(c[:], &l.total) {
-		x.requests.Add(1)
-		x.clientErr.Add(1)
-	}
+func (l *Load) clientError(method, target string, err error) {
+	l.tally.failed(method, target)
 	l.noteError(err)
 }
 
-// multi is the counters one request counts in: its method's and its
-// target's.
-type multi [2]*counter
+// tally is every count of the load. A request is counted in three
+// counters (the total, its method's, its target's), each under the read
+// side of mu; a Snapshot holds the write side, so it sees every request
+// in all three or in none: a deploy's total always equals the sum of its
+// per-method counts, however many requests finish while it is read.
+type tally struct {
+	mu       sync.RWMutex
+	total    counter
+	byMethod map[string]*counter // keys fixed at start
+	byTarget map[string]*counter // keys fixed at start
+	skipped  atomic.Int64
+}
+
+func (t *tally) answer(method, target string, status int) {
+	t.mu.RLock()
+	defer t.mu.RUnlock()
+	t.total.add(status)
+	t.byMethod[method].add(status)
+	t.byTarget[target].add(status)
+}
+
+func (t *tally) failed(method, target string) {
+	t.mu.RLock()
+	defer t.mu.RUnlock()
+	for _, c := range []*counter{&t.total, t.byMethod[method], t.byTarget[target]} {
+		c.requests.Add(1)
+		c.clientErr.Add(1)
+	}
+}
+
+func (t *tally) skip() {
+	t.mu.RLock()
+	defer t.mu.RUnlock()
+	t.skipped.Add(1)
+}
+
+// Snapshot is the load's counts at one instant: the total, and the same
+// requests split per method and per target (Skipped is not split).
+type Snapshot struct {
+	Total    Counts
+	ByMethod map[string]Counts
+	ByTarget map[string]Counts
+}
+
+// Snapshot returns every count of the load at one instant.
+func (l *Load) Snapshot() Snapshot {
+	t := &l.tally
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	s := Snapshot{
+		Total:    t.total.load(),
+		ByMethod: make(map[string]Counts, len(t.byMethod)),
+		ByTarget: make(map[string]Counts, len(t.byTarget)),
+	}
+	s.Total.Skipped = t.skipped.Load()
+	for m, c := range t.byMethod {
+		s.ByMethod[m] = c.load()
+	}
+	for k, c := range t.byTarget {
+		s.ByTarget[k] = c.load()
+	}
+	return s
+}
 
 // counter counts answers as they come, safe for concurrent use.
 type counter struct {
@@ -532,29 +585,13 @@ func (l *Load) noteError(err error) {
 }
 
 // Counts returns the counts so far.
-func (l *Load) Counts() Counts {
-	c := l.total.load()
-	c.Skipped = l.skipped.Load()
-	return c
-}
+func (l *Load) Counts() Counts { return l.Snapshot().Total }
 
 // ByMethod returns the counts so far per method (Skipped is not split).
-func (l *Load) ByMethod() map[string]Counts {
-	out := make(map[string]Counts, len(l.byMethod))
-	for m, c := range l.byMethod {
-		out[m] = c.load()
-	}
-	return out
-}
+func (l *Load) ByMethod() map[string]Counts { return l.Snapshot().ByMethod }
 
 // ByTarget returns the counts so far per target.
-func (l *Load) ByTarget() map[string]Counts {
-	out := make(map[string]Counts, len(l.byTarget))
-	for t, c := range l.byTarget {
-		out[t] = c.load()
-	}
-	return out
-}
+func (l *Load) ByTarget() map[string]Counts { return l.Snapshot().ByTarget }
 
 // Errors returns the distinct client errors and unexpected statuses seen,
 // with how often each occurred.

@@ -403,3 +403,45 @@ func TestCountsArithmetic(t *testing.T) {
 	assert.Equal(t, a, a.Sub(b).Add(b))
 	assert.Equal(t, int64(2), a.ReachedNothing())
 }
+
+// TestLoadSnapshotIsOneInstant reads the load while its requests finish:
+// in every snapshot the total, the sum per method and the sum per target
+// are the same requests. Read one counter group after another, a request
+// finishing in between is in one and not the other (a deploy's total once
+// exceeded its per-method sum by one).
+func TestLoadSnapshotIsOneInstant(t *testing.T) {
+	ok, _ := statusServer(t, http.StatusOK)
+	const n = 6000
+	l, err := StartLoad(context.Background(), LoadConfig{
+		Targets: []string{ok.URL, closedURL(t)},
+		Mix: []Kind{
+			{Method: http.MethodGet, Path: "/work", Weight: 1},
+			{Method: http.MethodPost, Path: "/work", Body: 10, Weight: 1},
+		},
+		Rate: 2000, RequestTimeout: 5 * time.Second, MaxRequests: n, MaxDuration: time.Minute,
+	})
+	require.NoError(t, err)
+	sum := func(m map[string]Counts) Counts {
+		var c Counts
+		for _, v := range m {
+			c = c.Add(v)
+		}
+		return c
+	}
+	snapshots := 0
+	for done := false; !done; snapshots++ {
+		select {
+		case <-l.Done():
+			done = true
+		default:
+		}
+		s := l.Snapshot()
+		total := s.Total
+		total.Skipped = 0 // not split per method or target
+		require.Equal(t, total, sum(s.ByMethod), "snapshot %d: the total is the sum per method", snapshots)
+		require.Equal(t, total, sum(s.ByTarget), "snapshot %d: the total is the sum per target", snapshots)
+	}
+	final := l.Snapshot().Total
+	assert.Equal(t, int64(n), final.Requests+final.Skipped, "every request the run sent is counted")
+	t.Logf("%d snapshots, %d requests", snapshots, final.Requests)
+}

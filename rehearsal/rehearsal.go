@@ -444,8 +444,9 @@ func (c Config) runProfile(ctx context.Context, p Profile, id, dir string, img *
 	defer func() {
 		load.Stop()
 		pr.Errors = load.Errors()
-		pr.ByMethod = load.ByMethod()
-		pr.Balancers, pr.CrossCheck = crossCheck(ctx, lbs, pr.ByMethod, load.ByTarget(), t)
+		final := load.Snapshot()
+		pr.ByMethod = final.ByMethod
+		pr.Balancers, pr.CrossCheck = crossCheck(ctx, lbs, pr.ByMethod, final.ByTarget, t)
 		pr.Terminations = map[string]int64{}
 		for _, b := range lbs {
 			for k, v := range b.Log.Terminations() {
@@ -557,7 +558,9 @@ func (c Config) deploy(ctx context.Context, p Profile, id string, d int, servers
 // node/server pairs where the node never did), and, once step has
 // succeeded, whether every service on every server runs dr.Version.
 func observe(ctx context.Context, dr *DeployReport, servers []*server, lbs []*Balancer, load *Load, t infra.Timing, deploys bool, step func() error) error {
-	startCounts, startByMethod := load.Counts(), load.ByMethod()
+	// One snapshot at each end: the total and its split per method are
+	// the same requests, however many finish while the deploy is read.
+	start := load.Snapshot()
 	runs0, restarts0 := watchdogTotals(servers)
 	outs0 := outs(lbs)
 	pairs0, late0 := outsByPair(lbs)
@@ -573,8 +576,9 @@ func observe(ctx context.Context, dr *DeployReport, servers []*server, lbs []*Ba
 		}
 		dr.Verified = len(dr.Problems) == 0
 	}
-	dr.Counts = load.Counts().Sub(startCounts)
-	dr.ByMethod = subByMethod(load.ByMethod(), startByMethod)
+	end := load.Snapshot()
+	dr.Counts = end.Total.Sub(start.Total)
+	dr.ByMethod = subByMethod(end.ByMethod, start.ByMethod)
 	runs1, restarts1 := watchdogTotals(servers)
 	dr.WatchdogRuns, dr.WatchdogRestarts = int(runs1-runs0), int(restarts1-restarts0)
 	dr.TakenOut = outs(lbs) - outs0
