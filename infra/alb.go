@@ -137,7 +137,7 @@ func Build(ctx *pulumi.Context, t Timing) (*LoadBalancer, error) {
 // or a rename without an alias stops at the preview instead of deleting
 // listeners and the target group and then failing on the ALB's deletion
 // protection. Renaming the component or a child needs pulumi.Aliases with
-// the old name (README, load balancer section).
+// the old name (docs/loadbalancer.md, "Protected").
 func NewLoadBalancer(ctx *pulumi.Context, name string, args *LoadBalancerArgs, opts ...pulumi.ResourceOption) (*LoadBalancer, error) {
 	if args == nil {
 		return nil, errors.New("load balancer " + name + ": args are required")

@@ -138,7 +138,7 @@ func ParseStackConfig(get ConfigSource) (StackConfig, error) {
 // availability zone, each instance's VPC and network interface, the region's
 // log writer. Neither checks the certificate's status (ISSUED), nor that the
 // bucket name is free: `pulumi preview` does not either, `pulumi up` fails on
-// them (the runbook in the README checks them first).
+// them (docs/runbook.md checks them first).
 func (c StackConfig) Validate() error {
 	ps := c.problems()
 	if len(ps) == 0 {

@@ -29,8 +29,8 @@ import (
 // rehearsal shows it on the symptom: the order whose mixed states break a
 // relation answers 502s, the safe one none.
 
-// The example change of the rollout order (README, "A change is checked
-// while it rolls out"): the balancer checks half as often, and the drain
+// The example change of the rollout order (docs/timing.md, "A change is
+// checked while it rolls out"): the balancer checks half as often, and the drain
 // grows to outlast the slower detection (2 × 10 s + 3 s = 23 s, plus
 // NodeSkew).
 const (

@@ -91,7 +91,7 @@ func TestTransition(t *testing.T) {
 	assert.False(t, r.Failed())
 }
 
-// TestExampleChange: the rehearsed change is the README's example, valid as
+// TestExampleChange: the rehearsed change is docs/timing.md's example, valid as
 // production would run it, and moves no field but those it must.
 func TestExampleChange(t *testing.T) {
 	old, new := ExampleChange()

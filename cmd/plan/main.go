@@ -127,7 +127,7 @@ func writePlan(w io.Writer, t infra.Timing, stack infra.StackFile, tfFile string
 	fmt.Fprintf(&b, "It shows what this program asks AWS to create; ids, ARNs and DNS names are placeholders,\n")
 	fmt.Fprintf(&b, "and AWS may still refuse what it asks. `pulumi preview --stack %s` checks against AWS.\n", stack.Stack)
 	fmt.Fprintf(&b, "Its lookups (subnets, instances, the account, the region's log writer) get placeholder answers that pass.\n")
-	fmt.Fprintf(&b, "Resources marked protected are never deleted or replaced until unprotected (README: deliberate destroy).\n")
+	fmt.Fprintf(&b, "Resources marked protected are never deleted or replaced until unprotected (docs/runbook.md: a deliberate destroy).\n")
 	fmt.Fprintf(&b, "Timing is the compiled contract; no stack can override it. Inputs marked ← come from it.\n\n")
 
 	resources := rec.Resources()
