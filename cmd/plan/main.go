@@ -23,7 +23,6 @@ package main
 import (
 	"bytes"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"maps"
@@ -42,31 +41,40 @@ import (
 
 	"github.com/mythex/infra/contract"
 	"github.com/mythex/infra/infra"
+	"github.com/mythex/infra/internal/cmdflag"
 )
 
 func main() {
-	stackFile := flag.String("stack-file", "Pulumi.prod.yaml",
+	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+}
+
+func run(args []string, stdout, stderr io.Writer) int {
+	fs := cmdflag.New("plan", "[-stack-file FILE] [-tf FILE]")
+	stackFile := fs.String("stack-file", "Pulumi.prod.yaml",
 		"the stack's Pulumi.<stack>.yaml; Pulumi.yaml must be beside it")
-	tfFile := flag.String("tf", "",
+	tfFile := fs.String("tf", "",
 		"also write the planned resources as Terraform to this file (a *.tf), for trivy")
-	flag.Parse()
-	if flag.NArg() > 0 {
-		fmt.Fprintf(os.Stderr, "plan: unexpected arguments %q\n", flag.Args())
-		flag.Usage()
-		os.Exit(2)
+	if code, exit := cmdflag.Parse(fs, args, stdout, stderr); exit {
+		return code
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "plan: unexpected arguments %q\n", fs.Args())
+		fs.Usage()
+		return 2
 	}
 	if *tfFile != "" && !strings.HasSuffix(*tfFile, ".tf") {
-		fmt.Fprintf(os.Stderr, "plan: -tf %q must end in .tf, or scanners skip it\n", *tfFile)
-		os.Exit(2)
+		fmt.Fprintf(stderr, "plan: -tf %q must end in .tf, or scanners skip it\n", *tfFile)
+		return 2
 	}
 	stack, err := infra.LoadStackFile(*stackFile)
 	if err == nil {
-		err = writePlan(os.Stdout, infra.Prod(), stack, *tfFile)
+		err = writePlan(stdout, infra.Prod(), stack, *tfFile)
 	}
 	if err != nil {
-		fmt.Fprintf(os.Stderr, "plan: %v\n", err)
-		os.Exit(1)
+		fmt.Fprintf(stderr, "plan: %v\n", err)
+		return 1
 	}
+	return 0
 }
 
 // typeOrder is the order the plan lists resources in: the component, what

@@ -40,6 +40,7 @@ import (
 	"strings"
 	"syscall"
 
+	"github.com/mythex/infra/internal/cmdflag"
 	"github.com/mythex/infra/rehearsal"
 )
 
@@ -50,8 +51,7 @@ func main() {
 }
 
 func run(args []string, stdout, stderr io.Writer) int {
-	fs := flag.NewFlagSet("rehearse", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	fs := cmdflag.New("rehearse", "[-profiles LIST | -matrix | -transition | -fleet] [flags]")
 	c := rehearsal.Config{Progress: stderr}
 	var profiles string
 	var asJSON, matrix, transition, fleet bool
@@ -72,8 +72,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 		rehearsal.DefaultFleetServers, rehearsal.DefaultFleetMaxUnavailable, rehearsal.DefaultFleetScale))
 	fs.StringVar(&c.MaxUnavailable, "max-unavailable", "", "the rollout's --max-unavailable: servers deployed at once after the canary (default: the rollout's, one at a time)")
 	fs.BoolVar(&c.SSH, "ssh", false, "deploy through the rollout's own ssh_deploy (a loopback sshd) and await re-entry with its describe-target-health polling, answered from the balancer nodes: production's path")
-	if err := fs.Parse(args); err != nil {
-		return 2
+	if code, exit := cmdflag.Parse(fs, args, stdout, stderr); exit {
+		return code
 	}
 	if fs.NArg() > 0 {
 		fmt.Fprintf(stderr, "rehearse: unexpected arguments %q\n", fs.Args())

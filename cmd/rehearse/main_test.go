@@ -8,6 +8,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/mythex/infra/internal/cmdflag"
 )
 
 func TestRunRefusesBadInputBeforeTouchingAnything(t *testing.T) {
@@ -60,4 +62,12 @@ func TestFindRepo(t *testing.T) {
 	t.Chdir(t.TempDir())
 	_, err = findRepo()
 	assert.ErrorContains(t, err, "use -repo")
+}
+
+func TestHelpExitsZeroWithTheRehearsalsFlags(t *testing.T) {
+	var stdout, stderr bytes.Buffer
+	assert.Equal(t, 0, run([]string{"-h"}, &stdout, &stderr))
+	assert.Empty(t, stderr.String())
+	assert.Equal(t, []string{"deploys", "fleet", "haproxy", "json", "matrix", "max-unavailable", "nodes", "path",
+		"profiles", "rate", "repo", "scale", "servers", "ssh", "transition", "workdir"}, cmdflag.Listed(stdout.String()))
 }

@@ -32,6 +32,7 @@ import (
 
 	"github.com/mythex/infra/contract"
 	"github.com/mythex/infra/infra"
+	"github.com/mythex/infra/internal/cmdflag"
 )
 
 const usage = `usage:
@@ -56,6 +57,22 @@ const usage = `usage:
 
 // errUsage marks a command line that cannot be run; it exits 2.
 var errUsage = errors.New("usage")
+
+// errHelped marks a command line that asked for -h and got it: it exits 0.
+var errHelped = errors.New("help shown")
+
+// parseFlags parses a subcommand's flags: -h shows them on stdout, a bad
+// flag shows them on stderr (internal/cmdflag).
+func parseFlags(fs *flag.FlagSet, args []string, stdout, stderr io.Writer) error {
+	switch code, exit := cmdflag.Parse(fs, args, stdout, stderr); {
+	case !exit:
+		return nil
+	case code == 0:
+		return errHelped
+	default:
+		return fmt.Errorf("%w: %s: bad flags (above)", errUsage, fs.Name())
+	}
+}
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
@@ -85,7 +102,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		err = fmt.Errorf("%w: unknown command %q", errUsage, cmd)
 	}
 	switch {
-	case err == nil:
+	case err == nil, errors.Is(err, errHelped):
 		return 0
 	case errors.Is(err, errUsage):
 		fmt.Fprintf(stderr, "timing: %v\n%s", err, usage)
@@ -113,21 +130,20 @@ func show(args []string, stdout io.Writer) error {
 
 // parse reads flags for a subcommand; -o is the output file. extra adds the
 // subcommand's own flags before parsing.
-func parse(name string, args []string, stderr io.Writer, extra func(*flag.FlagSet)) (*flag.FlagSet, string, error) {
-	fs := flag.NewFlagSet("timing "+name, flag.ContinueOnError)
-	fs.SetOutput(stderr)
+func parse(name, synopsis string, args []string, stdout, stderr io.Writer, extra func(*flag.FlagSet)) (*flag.FlagSet, string, error) {
+	fs := cmdflag.New("timing "+name, synopsis)
 	out := fs.String("o", "", "write to `FILE` (atomically) instead of standard output")
 	if extra != nil {
 		extra(fs)
 	}
-	if err := fs.Parse(args); err != nil {
-		return nil, "", fmt.Errorf("%w: %w", errUsage, err)
+	if err := parseFlags(fs, args, stdout, stderr); err != nil {
+		return nil, "", err
 	}
 	return fs, *out, nil
 }
 
 func markdown(args []string, stdout, stderr io.Writer) error {
-	fs, out, err := parse("markdown", args, stderr, nil)
+	fs, out, err := parse("markdown", "[-o FILE]", args, stdout, stderr, nil)
 	if err != nil {
 		return err
 	}
@@ -158,7 +174,7 @@ func markdown(args []string, stdout, stderr io.Writer) error {
 func diff(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	var oldName, newName string
 	var gate bool
-	fs, out, err := parse("diff", args, stderr, func(fs *flag.FlagSet) {
+	fs, out, err := parse("diff", "[-o FILE] [-old-name NAME] [-new-name NAME] [-gate] REV [REV2]", args, stdout, stderr, func(fs *flag.FlagSet) {
 		fs.StringVar(&oldName, "old-name", "", "call the first revision `NAME` in the output")
 		fs.StringVar(&newName, "new-name", "", "call the other side `NAME` in the output")
 		fs.BoolVar(&gate, "gate", false, "exit 1, after writing the diff, when the change has no safe rollout order")
@@ -216,10 +232,9 @@ func sides(ctx context.Context, fs *flag.FlagSet, name string) (oldSide, newSide
 // change with no safe order, or one that cannot be judged, fails: the
 // deploy never runs it.
 func order(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := flag.NewFlagSet("timing order", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	if err := fs.Parse(args); err != nil {
-		return fmt.Errorf("%w: %w", errUsage, err)
+	fs := cmdflag.New("timing order", "REV [REV2]")
+	if err := parseFlags(fs, args, stdout, stderr); err != nil {
+		return err
 	}
 	oldSide, newSide, err := sides(ctx, fs, "order")
 	if err != nil {

@@ -13,6 +13,7 @@ import (
 
 	"github.com/mythex/infra/contract"
 	"github.com/mythex/infra/infra"
+	"github.com/mythex/infra/internal/cmdflag"
 )
 
 func runTiming(t *testing.T, args ...string) (code int, stdout, stderr string) {
@@ -206,4 +207,25 @@ func workflowArgs(t *testing.T, workflow, cmd string, vars map[string]string) []
 		}))
 	}
 	return args
+}
+
+func TestHelpExitsZeroWithEachSubcommandsFlags(t *testing.T) {
+	for _, tc := range []struct {
+		args  []string
+		flags []string
+	}{
+		{[]string{"-h"}, nil},
+		{[]string{"help"}, nil},
+		{[]string{"markdown", "-h"}, []string{"o"}},
+		{[]string{"diff", "-h"}, []string{"gate", "new-name", "o", "old-name"}},
+		{[]string{"order", "-h"}, nil},
+	} {
+		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {
+			var stdout, stderr bytes.Buffer
+			assert.Equal(t, 0, run(context.Background(), tc.args, &stdout, &stderr))
+			assert.Empty(t, stderr.String())
+			assert.Contains(t, stdout.String(), "usage:")
+			assert.Equal(t, tc.flags, cmdflag.Listed(stdout.String()))
+		})
+	}
 }
