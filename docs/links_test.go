@@ -2,6 +2,7 @@ package docs
 
 import (
 	"bufio"
+	"bytes"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -46,6 +47,55 @@ func TestLinksResolve(t *testing.T) {
 	}
 	assert.Positive(t, checked, "no link found: the link parser reads nothing")
 }
+
+// TestReferencesResolve: every mention of a docs/ page anywhere in the
+// repository — a comment, an error message, a script — names a page that
+// exists, and its #anchor, if any, a heading of that page.
+func TestReferencesResolve(t *testing.T) {
+	root := repoRoot(t)
+	anchors := map[string]map[string]bool{}
+	self, err := filepath.Abs("links_test.go")
+	require.NoError(t, err)
+	found := 0
+	err = filepath.WalkDir(root, func(path string, d os.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() {
+			if d.Name() == ".git" {
+				return filepath.SkipDir
+			}
+			return nil
+		}
+		if !d.Type().IsRegular() || path == self {
+			return nil
+		}
+		data, err := os.ReadFile(path)
+		if err != nil {
+			return err
+		}
+		if bytes.IndexByte(data, 0) >= 0 {
+			return nil // binary
+		}
+		rel, _ := filepath.Rel(root, path)
+		for i, line := range strings.Split(string(data), "\n") {
+			for _, sub := range docsMention.FindAllStringSubmatch(line, -1) {
+				m := sub[1]
+				found++
+				if problem := resolve(root, filepath.Join(root, "README.md"), m, anchors); problem != "" {
+					t.Errorf("%s:%d: mentions %s: %s", rel, i+1, m, problem)
+				}
+			}
+		}
+		return nil
+	})
+	require.NoError(t, err)
+	assert.Positive(t, found, "no mention of a docs/ page found: the search reads nothing")
+}
+
+// docsMention is a path to a page of docs/ from the repository's root, with
+// its anchor if it has one.
+var docsMention = regexp.MustCompile(`(?:^|[^\w./-])(docs/[\w.-]+\.md(?:#[\w-]+)?)`)
 
 // TestSlug pins the heading slugs against GitHub's (github-slugger: lower
 // case; letters, marks, decimal and letter numbers, `_`, `-` kept; each
