@@ -26,7 +26,8 @@ import (
 )
 
 // The deploy job's own steps, run with bash the way the runner runs a `run:`
-// (bash -e), with the real AWS CLI talking to a CloudWatch on loopback.
+// (bash -e), with the deploy job's albmetrics talking to a CloudWatch on
+// loopback.
 
 func exportedOutputs(t *testing.T) []string {
 	t.Helper()
