@@ -3,8 +3,10 @@ package infra
 import (
 	"errors"
 	"fmt"
+	"reflect"
 	"strconv"
 	"time"
+	"unicode"
 
 	"github.com/pulumi/pulumi-aws/sdk/v6/go/aws/ec2"
 	"github.com/pulumi/pulumi-aws/sdk/v6/go/aws/lb"
@@ -419,27 +421,55 @@ func AccessLogsPrefix(project, stack string) string {
 	return project + "/" + stack
 }
 
-// contractOutputs are the timing contract's key numbers, as `pulumi stack
-// output timing` shows them: durations in Go's notation, counts as numbers.
+// contractOutputs are the timing contract as `pulumi stack output timing`
+// shows it: every field of Timing under OutputKey(field), which is what the
+// deploy judges its change against (production runs this stack's last
+// `pulumi up`), and the derived numbers people read; durations in Go's
+// notation, counts as numbers.
 func contractOutputs(t Timing) pulumi.Map {
 	d := func(v time.Duration) pulumi.String { return pulumi.String(v.String()) }
-	return pulumi.Map{
-		"healthCheckInterval": d(t.HealthCheckInterval),
-		"healthCheckTimeout":  d(t.HealthCheckTimeout),
-		"unhealthyThreshold":  pulumi.Int(t.UnhealthyThreshold),
-		"healthyThreshold":    pulumi.Int(t.HealthyThreshold),
-		"worstCaseDetection":  d(t.WorstCaseDetection()),
-		"drain":               d(t.Drain),
-		"drainMargin":         d(t.DrainMargin()),
-		"reentry":             d(t.Reentry()),
-		"shutdownTimeout":     d(t.ShutdownTimeout),
-		"stopGracePeriod":     d(t.StopGracePeriod),
-		"killSlack":           d(t.KillSlack()),
-		"deregistrationDelay": d(t.DeregistrationDelay),
-		"lbIdleTimeout":       d(t.LBIdleTimeout),
-		"appKeepAlive":        d(t.AppKeepAlive),
-		"keepAliveMargin":     d(t.KeepAliveMargin()),
+	m := pulumi.Map{
+		"worstCaseDetection": d(t.WorstCaseDetection()),
+		"drainMargin":        d(t.DrainMargin()),
+		"reentry":            d(t.Reentry()),
+		"killSlack":          d(t.KillSlack()),
+		"keepAliveMargin":    d(t.KeepAliveMargin()),
 	}
+	v := reflect.ValueOf(t)
+	for i := 0; i < v.NumField(); i++ {
+		f := v.Type().Field(i)
+		if !f.IsExported() {
+			continue
+		}
+		switch x := v.Field(i).Interface().(type) {
+		case time.Duration:
+			m[OutputKey(f.Name)] = d(x)
+		case int:
+			m[OutputKey(f.Name)] = pulumi.Int(x)
+		default:
+			// Timing holds durations and counts only; TestTimingOutputHasEveryField
+			// fails on a field of another kind before a stack could lose it.
+		}
+	}
+	return m
+}
+
+// OutputKey is the key of a Timing field in the stack's timing output: its
+// name with the leading capitals lowered, LBIdleTimeout → lbIdleTimeout.
+func OutputKey(field string) string {
+	r := []rune(field)
+	n := 0
+	for n < len(r) && unicode.IsUpper(r[n]) {
+		n++
+	}
+	// In "LBIdle", the I starts the next word.
+	if n > 1 && n < len(r) {
+		n--
+	}
+	for i := 0; i < n; i++ {
+		r[i] = unicode.ToLower(r[i])
+	}
+	return string(r)
 }
 
 // seconds converts a duration the ALB API takes in whole seconds. Validate

@@ -2,6 +2,7 @@ package infra
 
 import (
 	"fmt"
+	"reflect"
 	"strconv"
 	"strings"
 	"testing"
@@ -432,21 +433,35 @@ func TestOutputsShowWhatIsLive(t *testing.T) {
 			assert.Equal(t, 8080, out["appPort"])
 			assert.Equal(t, HealthPath, out["healthCheckPath"])
 			assert.Equal(t, map[string]any{
-				"healthCheckInterval": tm.HealthCheckInterval.String(),
-				"healthCheckTimeout":  tm.HealthCheckTimeout.String(),
-				"unhealthyThreshold":  tm.UnhealthyThreshold,
-				"healthyThreshold":    tm.HealthyThreshold,
-				"worstCaseDetection":  tm.WorstCaseDetection().String(),
-				"drain":               tm.Drain.String(),
-				"drainMargin":         tm.DrainMargin().String(),
-				"reentry":             tm.Reentry().String(),
-				"shutdownTimeout":     tm.ShutdownTimeout.String(),
-				"stopGracePeriod":     tm.StopGracePeriod.String(),
-				"killSlack":           tm.KillSlack().String(),
-				"deregistrationDelay": tm.DeregistrationDelay.String(),
-				"lbIdleTimeout":       tm.LBIdleTimeout.String(),
-				"appKeepAlive":        tm.AppKeepAlive.String(),
-				"keepAliveMargin":     tm.KeepAliveMargin().String(),
+				// Every field, what the deploy judges its change against.
+				"healthCheckInterval":     tm.HealthCheckInterval.String(),
+				"healthCheckTimeout":      tm.HealthCheckTimeout.String(),
+				"unhealthyThreshold":      tm.UnhealthyThreshold,
+				"healthyThreshold":        tm.HealthyThreshold,
+				"nodeSkew":                tm.NodeSkew.String(),
+				"drain":                   tm.Drain.String(),
+				"shutdownTimeout":         tm.ShutdownTimeout.String(),
+				"killMargin":              tm.KillMargin.String(),
+				"stopGracePeriod":         tm.StopGracePeriod.String(),
+				"deregistrationDelay":     tm.DeregistrationDelay.String(),
+				"lbIdleTimeout":           tm.LBIdleTimeout.String(),
+				"appKeepAlive":            tm.AppKeepAlive.String(),
+				"readHeaderTimeout":       tm.ReadHeaderTimeout.String(),
+				"maxRequest":              tm.MaxRequest.String(),
+				"containerHealthInterval": tm.ContainerHealthInterval.String(),
+				"containerHealthTimeout":  tm.ContainerHealthTimeout.String(),
+				"startTimeout":            tm.StartTimeout.String(),
+				"engineWork":              tm.EngineWork.String(),
+				"lockWait":                tm.LockWait.String(),
+				"watchdogInterval":        tm.WatchdogInterval.String(),
+				"watchdogStrikes":         tm.WatchdogStrikes,
+				"maxPlannedDowntime":      tm.MaxPlannedDowntime.String(),
+				// Derived, for people.
+				"worstCaseDetection": tm.WorstCaseDetection().String(),
+				"drainMargin":        tm.DrainMargin().String(),
+				"reentry":            tm.Reentry().String(),
+				"killSlack":          tm.KillSlack().String(),
+				"keepAliveMargin":    tm.KeepAliveMargin().String(),
 			}, out["timing"], "timing output")
 		})
 	}
@@ -596,4 +611,23 @@ func TestBalancerFieldsAreTheComponentsInputs(t *testing.T) {
 		}
 	}
 	assert.ElementsMatch(t, inputs, balancer, "Timing fields the load balancer component sets vs fields tagged side:\"balancer\"")
+}
+
+// The timing output carries every field, so the deploy can judge a change
+// against production; a field of a kind the output cannot carry fails here,
+// before a stack could lose it.
+func TestTimingOutputHasEveryField(t *testing.T) {
+	out := contractOutputs(Prod())
+	typ := reflect.TypeOf(Timing{})
+	for i := 0; i < typ.NumField(); i++ {
+		f := typ.Field(i)
+		if !f.IsExported() {
+			continue
+		}
+		assert.Contains(t, []reflect.Type{reflect.TypeOf(time.Duration(0)), reflect.TypeOf(0)}, f.Type, "field %s is a duration or a count", f.Name)
+		assert.Contains(t, out, OutputKey(f.Name), "field %s is in the timing output", f.Name)
+	}
+	for field, key := range map[string]string{"HealthCheckInterval": "healthCheckInterval", "LBIdleTimeout": "lbIdleTimeout", "TTL": "ttl", "X": "x"} {
+		assert.Equal(t, key, OutputKey(field), "OutputKey(%s)", field)
+	}
 }

@@ -26,7 +26,8 @@ import (
 )
 
 // The deploy job's own steps, run with bash the way the runner runs a `run:`
-// (bash -e), with the deploy job's albmetrics talking to a CloudWatch on
+// (bash --noprofile --norc -eo pipefail, under deploy.yml's `shell: bash`),
+// with the deploy job's albmetrics talking to a CloudWatch on
 // loopback.
 
 func exportedOutputs(t *testing.T) []string {
@@ -48,13 +49,26 @@ func exportedOutputs(t *testing.T) []string {
 	return keys
 }
 
-// runStep runs a step's script as the runner would: bash -e, in the
-// repository, with env on top of the test's environment.
+// runnerShell is how the runner runs a `run:` under `shell: bash`, which
+// deploy.yml sets for every step (TestDeployRunsEveryStepUnderPipefail):
+// the script is a file, {0}.
+var runnerShell = []string{"bash", "--noprofile", "--norc", "-eo", "pipefail"}
+
+// runStep runs a step's script as the runner would, in the repository, with
+// env on top of the test's environment.
 func runStep(t *testing.T, s step, env map[string]string) (int, string) {
 	t.Helper()
-	cmd := exec.Command("bash", "-e", "-c", s.Run)
-	cmd.Dir = root
-	// env replaces the test's own variables; an empty value unsets one.
+	return runStepIn(t, s, root, env)
+}
+
+// runStepIn runs a step's script in dir; env replaces the test's own
+// variables, and an empty value unsets one.
+func runStepIn(t *testing.T, s step, dir string, env map[string]string) (int, string) {
+	t.Helper()
+	script := filepath.Join(t.TempDir(), "step.sh")
+	require.NoError(t, os.WriteFile(script, []byte(s.Run), 0o644))
+	cmd := exec.Command(runnerShell[0], append(runnerShell[1:], script)...)
+	cmd.Dir = dir
 	for _, kv := range os.Environ() {
 		if k, _, _ := strings.Cut(kv, "="); env[k] == "" {
 			if _, set := env[k]; !set {

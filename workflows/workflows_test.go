@@ -120,6 +120,7 @@ func TestPulumiLogsInWithOIDCAsTheJobsOwnTeam(t *testing.T) {
 		}
 	}
 	assert.Equal(t, map[string]string{
+		"deploy.yml order":         "team:infra-deploy",
 		"deploy.yml up":            "team:infra-deploy",
 		"deploy.yml up-after":      "team:infra-deploy",
 		"pull-request.yml preview": "team:infra-preview",
@@ -175,9 +176,10 @@ func TestPulumiCLIIsTheSDKsVersion(t *testing.T) {
 			}
 		}
 	}
-	// pulumi up before the rollout, the CLI alone when up runs after it,
-	// pulumi up after the rollout, and pulumi preview.
-	assert.Equal(t, 4, n, "every step that installs the CLI")
+	// The CLI to read production's timing, pulumi up before the rollout,
+	// the CLI alone when up runs after it, pulumi up after the rollout, and
+	// pulumi preview.
+	assert.Equal(t, 5, n, "every step that installs the CLI")
 }
 
 // Stacks are named org/project/stack, so a login to another organization
@@ -210,7 +212,11 @@ func TestRolloutReadsOutputsTheProgramExports(t *testing.T) {
 		}
 	}
 	require.NotEmpty(t, run, "the up job reads the stack outputs")
-	keys := regexp.MustCompile(`jq -er \.(\w+)`).FindAllStringSubmatch(run, -1)
+	// The heredoc of output names: "step-output stackOutput" lines.
+	keys := regexp.MustCompile(`(?m)^([a-z-]+) (\w+)$`).FindAllStringSubmatch(run, -1)
+	for i, k := range keys {
+		keys[i] = []string{k[0], k[2]}
+	}
 	require.NotEmpty(t, keys)
 	exported := exportedOutputs(t)
 	for _, k := range keys {

@@ -8,6 +8,8 @@
 //	                                   tree (or against REV2), as markdown,
 //	                                   with the rollout order the change needs
 //	timing order REV [REV2]            the rollout order alone, for the deploy
+//	timing diff|order -prod FILE [REV] the same against production: the prod
+//	                                   stack's timing output in FILE
 //
 // show and markdown exit 1 when the contract breaks a rule, after printing
 // it; diff exits 0 whenever it could compare, since a broken side is what it
@@ -53,6 +55,10 @@ const usage = `usage:
                                     servers-first, balancer-first, unsafe or not-judged, and
                                     pulumi-up=before or after the rollout; the reason and any
                                     proposal on standard error. Exits 1 unless an order is safe
+  timing diff|order -prod FILE [REV] the same against what production runs: FILE is the prod
+                                    stack's outputs (pulumi stack output --json), whose timing
+                                    output holds every field of the last pulumi up; the new side
+                                    is the working tree, or REV. The deploy judges this way
 `
 
 // errUsage marks a command line that cannot be run; it exits 2.
@@ -172,9 +178,10 @@ func markdown(args []string, stdout, stderr io.Writer) error {
 }
 
 func diff(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	var oldName, newName string
+	var oldName, newName, prod string
 	var gate bool
-	fs, out, err := parse("diff", "[-o FILE] [-old-name NAME] [-new-name NAME] [-gate] REV [REV2]", args, stdout, stderr, func(fs *flag.FlagSet) {
+	fs, out, err := parse("diff", "[-o FILE] [-old-name NAME] [-new-name NAME] [-gate] [-prod FILE] REV [REV2]", args, stdout, stderr, func(fs *flag.FlagSet) {
+		fs.StringVar(&prod, "prod", "", prodUsage)
 		fs.StringVar(&oldName, "old-name", "", "call the first revision `NAME` in the output")
 		fs.StringVar(&newName, "new-name", "", "call the other side `NAME` in the output")
 		fs.BoolVar(&gate, "gate", false, "exit 1, after writing the diff, when the change has no safe rollout order")
@@ -182,12 +189,15 @@ func diff(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	oldSide, newSide, err := sides(ctx, fs, "diff")
+	oldSide, newSide, err := sides(ctx, fs, "diff", prod)
 	if err != nil {
 		return err
 	}
 	if oldName != "" {
-		oldSide.Label = fmt.Sprintf("%s (%.7s)", oldName, oldSide.Commit)
+		oldSide.Label = oldName
+		if oldSide.Commit != "" {
+			oldSide.Label = fmt.Sprintf("%s (%.7s)", oldName, oldSide.Commit)
+		}
 	}
 	if newName != "" {
 		newSide.Label = newName
@@ -205,9 +215,32 @@ func diff(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	return nil
 }
 
+// prodUsage documents -prod, the deploy's baseline.
+const prodUsage = "judge against production: `FILE` holds the prod stack's outputs (pulumi stack output --json); then REV, if given, is the new side"
+
 // sides reads the two revisions a diff or order compares: REV, and REV2 or
-// the working tree.
-func sides(ctx context.Context, fs *flag.FlagSet, name string) (oldSide, newSide contract.Side, err error) {
+// the working tree; or, with prod, production's timing and REV or the
+// working tree.
+func sides(ctx context.Context, fs *flag.FlagSet, name, prod string) (oldSide, newSide contract.Side, err error) {
+	if prod != "" {
+		if fs.NArg() > 1 {
+			return oldSide, newSide, fmt.Errorf("%w: %s -prod takes at most one revision, got %d", errUsage, name, fs.NArg())
+		}
+		if oldSide, err = contract.AtProduction(prod); err != nil {
+			return oldSide, newSide, err
+		}
+		newSide = contract.Current()
+		if fs.NArg() == 1 {
+			root, err := contract.FindModuleRoot(".")
+			if err != nil {
+				return oldSide, newSide, err
+			}
+			if newSide, err = contract.AtRevision(ctx, root, fs.Arg(0)); err != nil {
+				return oldSide, newSide, err
+			}
+		}
+		return oldSide, newSide, nil
+	}
 	if fs.NArg() < 1 || fs.NArg() > 2 {
 		return oldSide, newSide, fmt.Errorf("%w: %s takes one or two revisions, got %d", errUsage, name, fs.NArg())
 	}
@@ -232,11 +265,12 @@ func sides(ctx context.Context, fs *flag.FlagSet, name string) (oldSide, newSide
 // change with no safe order, or one that cannot be judged, fails: the
 // deploy never runs it.
 func order(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := cmdflag.New("timing order", "REV [REV2]")
+	fs := cmdflag.New("timing order", "[-prod FILE] REV [REV2]")
+	prod := fs.String("prod", "", prodUsage)
 	if err := parseFlags(fs, args, stdout, stderr); err != nil {
 		return err
 	}
-	oldSide, newSide, err := sides(ctx, fs, "order")
+	oldSide, newSide, err := sides(ctx, fs, "order", *prod)
 	if err != nil {
 		return err
 	}

@@ -217,8 +217,8 @@ func TestHelpExitsZeroWithEachSubcommandsFlags(t *testing.T) {
 		{[]string{"-h"}, nil},
 		{[]string{"help"}, nil},
 		{[]string{"markdown", "-h"}, []string{"o"}},
-		{[]string{"diff", "-h"}, []string{"gate", "new-name", "o", "old-name"}},
-		{[]string{"order", "-h"}, nil},
+		{[]string{"diff", "-h"}, []string{"gate", "new-name", "o", "old-name", "prod"}},
+		{[]string{"order", "-h"}, []string{"prod"}},
 	} {
 		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {
 			var stdout, stderr bytes.Buffer

@@ -254,12 +254,14 @@ func TestDeployWorkflowFollowsTheVerdict(t *testing.T) {
 		assert.Equal(t, want, v.PulumiUp())
 	}
 
-	// The command line parses: it gets as far as looking the revision up.
-	args := workflowArgs(t, string(data), "go run ./cmd/timing order", map[string]string{"BEFORE": "no-such-previous-push"})
+	// The command line parses: it gets as far as reading production's
+	// outputs.
+	missing := filepath.Join(t.TempDir(), "prod-outputs.json")
+	args := workflowArgs(t, string(data), "go run ./cmd/timing order", map[string]string{"prod": missing})
 	code, stdout, stderr := runTiming(t, args...)
 	assert.Equal(t, 1, code, "args %q: %s", args, stderr)
 	assert.Empty(t, stdout)
-	assert.Contains(t, stderr, `revision "no-such-previous-push" is not a commit`)
+	assert.Contains(t, stderr, "timing: production's timing: open "+missing)
 }
 
 // example is the issue's change as two timings: Prod, and Prod with the
