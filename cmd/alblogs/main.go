@@ -24,7 +24,6 @@ import (
 	"bytes"
 	"compress/gzip"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"io/fs"
@@ -35,6 +34,8 @@ import (
 	"strings"
 	"text/tabwriter"
 	"time"
+
+	"github.com/mythex/infra/internal/cmdflag"
 )
 
 func main() {
@@ -42,12 +43,11 @@ func main() {
 }
 
 func run(args []string, stdout, stderr io.Writer) int {
-	fl := flag.NewFlagSet("alblogs", flag.ContinueOnError)
-	fl.SetOutput(stderr)
+	fl := cmdflag.New("alblogs", "-since TIME -until TIME FILE|DIR...")
 	since := fl.String("since", "", "start of the window, RFC 3339 (inclusive), e.g. the rollout's start")
 	until := fl.String("until", "", "end of the window, RFC 3339 (exclusive)")
-	if err := fl.Parse(args); err != nil {
-		return 2
+	if code, exit := cmdflag.Parse(fl, args, stdout, stderr); exit {
+		return code
 	}
 	var problems []string
 	from, err := time.Parse(time.RFC3339, *since)
@@ -68,6 +68,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		for _, p := range problems {
 			fmt.Fprintf(stderr, "alblogs: %s\n", p)
 		}
+		fl.SetOutput(stderr)
 		fl.Usage()
 		return 2
 	}

@@ -13,6 +13,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/mythex/infra/internal/cmdflag"
 )
 
 // httpsEntry is the HTTPS entry of AWS's "Access logs for your Application
@@ -270,4 +272,13 @@ func TestBadInput(t *testing.T) {
 			}
 		})
 	}
+}
+
+// -h lists the command's own flags and no other package's, on stdout.
+func TestUsageIsOwnFlags(t *testing.T) {
+	code, out, stderr := runCmd(t, "-h")
+	assert.Equal(t, 0, code)
+	assert.Empty(t, stderr)
+	assert.Contains(t, out, "usage: alblogs -since TIME -until TIME FILE|DIR...")
+	assert.Equal(t, []string{"since", "until"}, cmdflag.Listed(out))
 }

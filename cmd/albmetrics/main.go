@@ -31,7 +31,6 @@ package main
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"math"
@@ -44,6 +43,8 @@ import (
 	"github.com/aws/aws-sdk-go-v2/config"
 	"github.com/aws/aws-sdk-go-v2/service/cloudwatch"
 	"github.com/aws/aws-sdk-go-v2/service/cloudwatch/types"
+
+	"github.com/mythex/infra/internal/cmdflag"
 )
 
 func main() {
@@ -302,13 +303,15 @@ type options struct {
 	wait, poll, call     time.Duration
 }
 
-// errFlags is a parse error the flag package has already reported.
-var errFlags = errors.New("bad flags")
+// exitNow is the status of a command line cmdflag has already answered:
+// 0 after -h, 2 after a bad flag.
+type exitNow int
 
-func parse(args []string, stderr io.Writer) (options, Window, error) {
+func (e exitNow) Error() string { return fmt.Sprintf("exit %d", int(e)) }
+
+func parse(args []string, stdout, stderr io.Writer) (options, Window, error) {
 	var o options
-	fl := flag.NewFlagSet("albmetrics", flag.ContinueOnError)
-	fl.SetOutput(stderr)
+	fl := cmdflag.New("albmetrics", "-load-balancer SUFFIX -target-group SUFFIX -since TIME -until TIME [flags]")
 	fl.StringVar(&o.lb, "load-balancer", "", "the ALB's arnSuffix (pulumi stack output albArnSuffix), app/NAME/ID")
 	fl.StringVar(&o.tg, "target-group", "", "the target group's arnSuffix (pulumi stack output targetGroupArnSuffix), targetgroup/NAME/ID")
 	fl.StringVar(&o.since, "since", "", "the rollout's start, RFC 3339")
@@ -318,9 +321,8 @@ func parse(args []string, stderr io.Writer) (options, Window, error) {
 	fl.DurationVar(&o.wait, "wait", 10*time.Minute, "how long to wait for CloudWatch to publish every minute of the window")
 	fl.DurationVar(&o.poll, "poll", 30*time.Second, "how often to ask again while a minute is missing")
 	fl.DurationVar(&o.call, "call-timeout", time.Minute, "bound on one GetMetricData exchange, its retries included")
-	if err := fl.Parse(args); err != nil {
-		// The flag package has said what is wrong.
-		return o, Window{}, errFlags
+	if code, exit := cmdflag.Parse(fl, args, stdout, stderr); exit {
+		return o, Window{}, exitNow(code)
 	}
 	var problems []string
 	if fl.NArg() > 0 {
@@ -402,9 +404,10 @@ func Await(ctx context.Context, api cloudwatch.GetMetricDataAPIClient, w Window,
 }
 
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	o, w, err := parse(args, stderr)
-	if errors.Is(err, errFlags) {
-		return 2
+	o, w, err := parse(args, stdout, stderr)
+	var done exitNow
+	if errors.As(err, &done) {
+		return int(done)
 	}
 	if err != nil {
 		for _, line := range strings.Split(err.Error(), "\n") {

@@ -19,6 +19,8 @@ import (
 	"github.com/aws/smithy-go/encoding/cbor"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/mythex/infra/internal/cmdflag"
 )
 
 const (
@@ -417,15 +419,16 @@ func TestBadFlags(t *testing.T) {
 	}
 }
 
-// The usage lists the command's own flags and no other package's.
+// -h lists the command's own flags and no other package's, on stdout.
 func TestUsageIsOwnFlags(t *testing.T) {
-	code, _, stderr := runCmd(t, "-h")
+	code, out, stderr := runCmd(t, "-h")
+	assert.Equal(t, 0, code)
+	assert.Empty(t, stderr)
+	assert.Contains(t, out, "usage: albmetrics -load-balancer SUFFIX")
+	assert.Equal(t, []string{"call-timeout", "load-balancer", "max-502", "max-504", "poll", "since", "target-group", "until", "wait"}, cmdflag.Listed(out))
+
+	code, out, stderr = runCmd(t, "-no-such-flag")
 	assert.Equal(t, 2, code)
-	var flags []string
-	for _, l := range strings.Split(stderr, "\n") {
-		if strings.HasPrefix(l, "  -") {
-			flags = append(flags, strings.Fields(l)[0])
-		}
-	}
-	assert.Equal(t, []string{"-call-timeout", "-load-balancer", "-max-502", "-max-504", "-poll", "-since", "-target-group", "-until", "-wait"}, flags)
+	assert.Empty(t, out)
+	assert.Contains(t, stderr, "flag provided but not defined: -no-such-flag")
 }
