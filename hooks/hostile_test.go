@@ -15,6 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/mythex/infra/infra"
+	"github.com/mythex/infra/internal/needs"
 )
 
 // fastTiming drives the scripts where no container starts: every bound is
@@ -72,8 +73,9 @@ func TestTimingFileSetsTimingKeysOnly(t *testing.T) {
 // Item 9: the lock file is the server's alone. flock needs only read
 // access, so a lock file others may read is one they may hold.
 func TestLockFileIsPrivate(t *testing.T) {
+	needs.Have(t, needs.Setpriv)
 	nobody, err := exec.LookPath("setpriv")
-	require.NoError(t, err, "setpriv is needed (apt-get install util-linux)")
+	require.NoError(t, err)
 	s := newServer(t, dockerTiming)
 	// Let another user reach the server's directory, as under /opt.
 	for dir := filepath.Dir(s.Root); dir != os.TempDir() && dir != "/"; dir = filepath.Dir(dir) {
@@ -251,6 +253,7 @@ func TestAwkwardRootIsQuotedOrRefused(t *testing.T) {
 // systemdAnalyze finds systemd-analyze or fails naming how to install it.
 func systemdAnalyze(t *testing.T) string {
 	t.Helper()
+	needs.Have(t, needs.SystemdAnalyze)
 	path, err := exec.LookPath("systemd-analyze")
 	require.NoError(t, err, "systemd-analyze is needed to check the units: apt-get install systemd")
 	return path

@@ -20,6 +20,7 @@ import (
 
 	"github.com/mythex/infra/infra"
 	"github.com/mythex/infra/internal/dockerlock"
+	"github.com/mythex/infra/internal/needs"
 )
 
 // The images every Docker test uses are built once per test binary and
@@ -73,8 +74,7 @@ func repoRoot(t *testing.T) string {
 // proof that the scripts work against a real one.
 func requireDocker(t *testing.T) {
 	t.Helper()
-	out, err := exec.Command("docker", "info", "--format", "{{.ServerVersion}}").CombinedOutput()
-	require.NoError(t, err, "these tests need a running Docker engine; docker info said:\n%s", out)
+	needs.Have(t, needs.Docker)
 	dockerlock.Hold(t)
 }
 
@@ -199,22 +199,20 @@ func freePort(t *testing.T) int {
 
 // serverTools are the commands the hooks run on a server, each with the
 // Debian package that installs it.
-var serverTools = [][2]string{{"flock", "util-linux"}, {"curl", "curl"}, {"jq", "jq"}, {"sha256sum", "coreutils"}, {"timeout", "coreutils"}}
+var serverTools = []needs.Need{
+	needs.Tool("flock", "apt-get install util-linux"),
+	needs.Tool("curl", "apt-get install curl"),
+	needs.Tool("jq", "apt-get install jq"),
+	needs.Tool("sha256sum", "apt-get install coreutils"),
+	needs.Tool("timeout", "apt-get install coreutils"),
+}
 
 // requireServerTools fails at once, naming the install command, when this
 // machine lacks a command the hooks need: the scripts would fail later and
-// less clearly.
+// less clearly. The scripts' tests are the full run's: -short skips them.
 func requireServerTools(t *testing.T) {
 	t.Helper()
-	var missing, packages []string
-	for _, tool := range serverTools {
-		if _, err := exec.LookPath(tool[0]); err != nil {
-			missing = append(missing, tool[0])
-			packages = append(packages, tool[1])
-		}
-	}
-	require.Emptyf(t, missing, "the hooks need %s on PATH: apt-get install %s",
-		strings.Join(missing, ", "), strings.Join(packages, " "))
+	needs.Have(t, serverTools...)
 }
 
 // newServer sets up one simulated server whose release is rendered from

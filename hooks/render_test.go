@@ -19,6 +19,7 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/mythex/infra/infra"
+	"github.com/mythex/infra/internal/needs"
 )
 
 func TestGeneratedFilesAreFresh(t *testing.T) {
@@ -144,6 +145,7 @@ func TestComposeFollowsTiming(t *testing.T) {
 
 // The real compose accepts the rendered file and resolves it as intended.
 func TestComposeConfigAcceptsDefinition(t *testing.T) {
+	needs.Have(t, needs.Docker)
 	compose, err := exec.LookPath("docker-compose")
 	args := []string{}
 	if err != nil {
@@ -330,6 +332,7 @@ func scripts(t *testing.T) []string {
 }
 
 func TestShellcheck(t *testing.T) {
+	needs.Have(t, needs.Shellcheck)
 	path, err := exec.LookPath("shellcheck")
 	require.NoError(t, err, "shellcheck is needed (apt-get install shellcheck)")
 	out, err := exec.Command(path, scripts(t)...).CombinedOutput()

@@ -96,6 +96,7 @@ esac
 // newFleet makes n stand-in servers s1..sn, each on release (none when "").
 func newFleet(t *testing.T, n int, release string) *fleet {
 	t.Helper()
+	requireServerTools(t)
 	f := &fleet{dir: t.TempDir()}
 	cmd := filepath.Join(f.dir, "deploy")
 	require.NoError(t, os.WriteFile(cmd, []byte(fleetScript), 0o755))
@@ -467,6 +468,7 @@ func waitForEvent(t *testing.T, f *fleet, line string) {
 }
 
 func TestRolloutRefusesBadMaxUnavailable(t *testing.T) {
+	requireServerTools(t)
 	// Stand-in servers only: no Docker, nothing shared.
 	t.Parallel()
 	for _, tt := range []struct {
@@ -509,6 +511,7 @@ func TestRolloutRefusesBadMaxUnavailable(t *testing.T) {
 // --max-unavailable a fleet takes and how many batches it makes: they agree
 // on every fleet of up to seven servers, so neither can drift alone.
 func TestRolloutAgreesWithTheContract(t *testing.T) {
+	requireServerTools(t)
 	// Stand-in servers only: no Docker, nothing shared.
 	t.Parallel()
 	for k := 1; k <= 7; k++ {

@@ -22,6 +22,7 @@ import (
 
 	"github.com/mythex/infra/hooks/sshd"
 	"github.com/mythex/infra/infra"
+	"github.com/mythex/infra/internal/needs"
 )
 
 // These tests run hooks/rollout with its default deploy command, ssh_deploy,
@@ -40,6 +41,7 @@ import (
 // startSSHD starts sshd for the test, failing at once when it is missing.
 func startSSHD(t *testing.T) *sshd.Server {
 	t.Helper()
+	needs.Have(t, needs.SSHD)
 	_, err := sshd.Find()
 	require.NoError(t, err, "these tests need OpenSSH")
 	s, err := sshd.Start(t.TempDir(), time.Minute)

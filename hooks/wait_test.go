@@ -41,6 +41,7 @@ type waitRun struct {
 // scripted answers, at timing tm.
 func runWait(t *testing.T, tm infra.Timing, answers func(c targethealth.Call, since time.Duration) (targethealth.Health, error), servers ...string) waitRun {
 	t.Helper()
+	requireServerTools(t)
 	var (
 		mu    sync.Mutex
 		first time.Time
@@ -250,6 +251,7 @@ func TestWaitRidesOutAFailedCall(t *testing.T) {
 // once: a server name ssh would read as an option, one that would change
 // the --targets argument, a VERSION that would leave the releases directory.
 func TestRolloutRefusesBadInput(t *testing.T) {
+	requireServerTools(t)
 	dir := t.TempDir()
 	calls := filepath.Join(dir, "calls")
 	deploy := filepath.Join(dir, "deploy")
@@ -308,6 +310,7 @@ func TestRolloutRefusesBadInput(t *testing.T) {
 // rollout and deploy apply the same rule to VERSION: one accepts what the
 // other accepts.
 func TestRolloutAndDeployAgreeOnVersion(t *testing.T) {
+	requireServerTools(t)
 	for _, v := range []string{"v1", "2026.11.30-abc_1", "_x", "a..b", strings.Repeat("a", 128),
 		strings.Repeat("a", 129), "../x", "..", ".hidden", "-v", "v 1", "v1;id", "v/1", ""} {
 		t.Run(v, func(t *testing.T) {

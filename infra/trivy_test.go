@@ -24,6 +24,8 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"go.yaml.in/yaml/v3"
+
+	"github.com/mythex/infra/internal/needs"
 )
 
 // The scanner is trivy at the version CI installs (.ci/run).
@@ -205,6 +207,7 @@ func (v trivyVerdict) failedIDs() []string {
 // fails the test at once with the command that installs it.
 func trivyBinary(t *testing.T) string {
 	t.Helper()
+	needs.Have(t, needs.Scanner)
 	bin, err := exec.LookPath("trivy")
 	if err != nil {
 		bin = filepath.Join(build.Default.GOPATH, "bin", "trivy")

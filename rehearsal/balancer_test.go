@@ -21,12 +21,14 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/mythex/infra/infra"
+	"github.com/mythex/infra/internal/needs"
 )
 
 // testHAProxy returns the haproxy binary, failing at once with the install
 // command when it is missing.
 func testHAProxy(t *testing.T) string {
 	t.Helper()
+	needs.Have(t, needs.HAProxy)
 	bin, err := FindHAProxy()
 	require.NoError(t, err)
 	return bin

@@ -14,6 +14,7 @@ import (
 
 	"github.com/mythex/infra/infra"
 	"github.com/mythex/infra/internal/dockerlock"
+	"github.com/mythex/infra/internal/needs"
 )
 
 // TestRehearsalFleet is the fleet rollout's CI tier: three servers, two at
@@ -23,6 +24,7 @@ import (
 // which a crash fits between Docker's first health check and a node's
 // admission (crashAfter).
 func TestRehearsalFleet(t *testing.T) {
+	needs.Have(t, needs.Docker, needs.HAProxy)
 	require.NoError(t, CheckDocker(context.Background()), "this test needs a running Docker engine")
 	dockerlock.Hold(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)

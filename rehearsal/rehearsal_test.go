@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/mythex/infra/internal/dockerlock"
+	"github.com/mythex/infra/internal/needs"
 )
 
 // ReportsEnv names a directory where the rehearsal tests also write their
@@ -48,6 +49,7 @@ func repoRoot(t *testing.T) string {
 // prod must lose nothing, and each profile that breaks a relation must show
 // what users would see, or the rehearsal could not tell a fix from luck.
 func TestMatrix(t *testing.T) {
+	needs.Have(t, needs.Docker, needs.HAProxy)
 	require.NoError(t, CheckDocker(context.Background()), "this test needs a running Docker engine")
 	dockerlock.Hold(t)
 	// Bounded from here: the wait for the other Docker suites is go test's

@@ -13,6 +13,7 @@ import (
 
 	"github.com/mythex/infra/hooks"
 	"github.com/mythex/infra/infra"
+	"github.com/mythex/infra/internal/needs"
 )
 
 // fakeServers are servers whose hooks only record their arguments, keep
@@ -74,6 +75,7 @@ func trackerOnly(servers []*server) []*Balancer {
 }
 
 func TestRolloutDrivesTheRealScript(t *testing.T) {
+	needs.Have(t, needs.Shellcheck, needs.Tool("jq", "apt-get install jq"), needs.Tool("flock", "apt-get install util-linux"))
 	repo := repoRoot(t)
 	tm := infra.Prod().Scaled(0.2)
 	tests := []struct {

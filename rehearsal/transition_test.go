@@ -17,6 +17,7 @@ import (
 	"github.com/mythex/infra/hooks"
 	"github.com/mythex/infra/infra"
 	"github.com/mythex/infra/internal/dockerlock"
+	"github.com/mythex/infra/internal/needs"
 )
 
 // TestTransition is the transition rehearsal's CI tier, as small as still
@@ -26,6 +27,7 @@ import (
 // by the load and the nodes' logs; the safe one answers none, loses no
 // request to the nodes' reload and verifies every service after each step.
 func TestTransition(t *testing.T) {
+	needs.Have(t, needs.Docker, needs.HAProxy)
 	// Each order runs its two servers, one order after the other.
 	dockerlock.Parallel(t, TransitionServers)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)

@@ -20,6 +20,7 @@ import (
 
 	"github.com/mythex/infra/infra"
 	"github.com/mythex/infra/internal/dockerlock"
+	"github.com/mythex/infra/internal/needs"
 )
 
 // containerPort is the port the service listens on inside its container;
@@ -38,9 +39,7 @@ func docker(ctx context.Context, args ...string) (string, error) {
 // Docker's stop signal starting a drain that ends in exit 0, not 137.
 func TestImageDrainsOnDockerStop(t *testing.T) {
 	t.Parallel()
-	if _, err := docker(context.Background(), "info", "--format", "{{.ServerVersion}}"); err != nil {
-		require.FailNow(t, "this test needs a running Docker engine", "%v", err)
-	}
+	needs.Have(t, needs.Docker)
 	dockerlock.Hold(t)
 	// Bounded from here: the wait for the other Docker suites is go test's
 	// to bound (-timeout), not this test's.

@@ -32,6 +32,7 @@ import (
 	"github.com/mythex/infra/hooks"
 	"github.com/mythex/infra/infra"
 	"github.com/mythex/infra/internal/dockerlock"
+	"github.com/mythex/infra/internal/needs"
 )
 
 // timing is the production timeline at a fifth of its length, as in the
@@ -80,8 +81,7 @@ func randomHex(n int) string {
 // skips) without a Docker engine.
 func images(t *testing.T) string {
 	t.Helper()
-	out, err := exec.Command("docker", "info", "--format", "{{.ServerVersion}}").CombinedOutput()
-	require.NoError(t, err, "these tests need a running Docker engine; docker info said:\n%s", out)
+	needs.Have(t, needs.Docker)
 	dockerlock.Hold(t)
 	buildOnce.Do(func() {
 		root, err := filepath.Abs("../..")

@@ -10,6 +10,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/mythex/infra/internal/needs"
 )
 
 const testARN = "arn:aws:elasticloadbalancing:eu-west-1:123456789012:targetgroup/mythex-api/0123456789abcdef"
@@ -44,6 +46,7 @@ func run(t *testing.T, env []string, name string, args ...string) (stdout, stder
 // same target. The rollout parses that output, so this is the point relied
 // on.
 func TestCLIStandInPrintsWhatTheRealCLIPrints(t *testing.T) {
+	needs.Have(t, needs.AWSCLI)
 	realCLI, err := exec.LookPath("aws")
 	require.NoError(t, err, "this test needs the AWS CLI: apt-get install awscli")
 	// No account, no network: fake credentials, no config, no metadata.
