@@ -14,7 +14,11 @@ const (
 	TypeBucketEncryption   = "aws:s3/bucketServerSideEncryptionConfigurationV2:BucketServerSideEncryptionConfigurationV2"
 	TypeBucketPublicAccess = "aws:s3/bucketPublicAccessBlock:BucketPublicAccessBlock"
 	TypeBucketPolicy       = "aws:s3/bucketPolicy:BucketPolicy"
+	TypeBucketLifecycle    = "aws:s3/bucketLifecycleConfigurationV2:BucketLifecycleConfigurationV2"
 )
+
+// AccessLogsLifecycleRule is the id of the rule that expires the logs.
+const AccessLogsLifecycleRule = "expire-access-logs"
 
 // AccessLogsEncryption is SSE-S3: the only server-side encryption ALB
 // access-log delivery writes to (it cannot use a KMS key).
@@ -32,9 +36,10 @@ type accessLogBucket struct {
 // newAccessLogBucket creates the stack's access-log bucket in the stack's
 // region, encrypted with SSE-S3, closed to the public, with a policy that
 // lets the region's log writer put objects under prefix/AWSLogs/<account>/
-// and nowhere else. The bucket is protected and retained on delete: the logs
-// outlive the load balancer.
-func newAccessLogBucket(ctx *pulumi.Context, name, bucketName, prefix string, facts StackFacts,
+// and nowhere else, and a lifecycle rule that deletes each log expireDays
+// after it was written. The bucket is protected and retained on delete: the
+// logs outlive the load balancer, for as long as the rule keeps them.
+func newAccessLogBucket(ctx *pulumi.Context, name, bucketName, prefix string, expireDays int, facts StackFacts,
 	tags pulumi.StringMap, protected, child pulumi.ResourceOption) (*accessLogBucket, error) {
 	b, err := s3.NewBucketV2(ctx, name+"-access-logs", &s3.BucketV2Args{
 		Bucket:       pulumi.String(bucketName),
@@ -76,6 +81,19 @@ func newAccessLogBucket(ctx *pulumi.Context, name, bucketName, prefix string, fa
 	}, child, protected, pulumi.DependsOn([]pulumi.Resource{pab}))
 	if err != nil {
 		return nil, fmt.Errorf("create access-log bucket policy: %w", err)
+	}
+	// Only the stack's own prefix: the logs are all the bucket holds, and a
+	// bucket shared with another stack keeps that stack's rule for its own.
+	if _, err := s3.NewBucketLifecycleConfigurationV2(ctx, name+"-access-logs-lifecycle", &s3.BucketLifecycleConfigurationV2Args{
+		Bucket: b.ID(),
+		Rules: s3.BucketLifecycleConfigurationV2RuleArray{&s3.BucketLifecycleConfigurationV2RuleArgs{
+			Id:         pulumi.String(AccessLogsLifecycleRule),
+			Status:     pulumi.String("Enabled"),
+			Filter:     &s3.BucketLifecycleConfigurationV2RuleFilterArgs{Prefix: pulumi.String(prefix + "/")},
+			Expiration: &s3.BucketLifecycleConfigurationV2RuleExpirationArgs{Days: pulumi.Int(expireDays)},
+		}},
+	}, child, protected); err != nil {
+		return nil, fmt.Errorf("create access-log bucket lifecycle: %w", err)
 	}
 	return &accessLogBucket{bucket: b, ready: []pulumi.Resource{enc, pol}}, nil
 }

@@ -261,7 +261,7 @@ func NewLoadBalancer(ctx *pulumi.Context, name string, args *LoadBalancerArgs, o
 	}
 
 	prefix := AccessLogsPrefix(ctx.Project(), ctx.Stack())
-	logs, err := newAccessLogBucket(ctx, name, s.AccessLogsBucket, prefix, facts, tags, protected, child)
+	logs, err := newAccessLogBucket(ctx, name, s.AccessLogsBucket, prefix, s.AccessLogsExpireDays, facts, tags, protected, child)
 	if err != nil {
 		return nil, err
 	}

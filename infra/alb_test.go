@@ -146,6 +146,7 @@ func TestProgramBuildsTheLoadBalancerComponent(t *testing.T) {
 		TypeBucketEncryption:   1,
 		TypeBucketPublicAccess: 1,
 		TypeBucketPolicy:       1,
+		TypeBucketLifecycle:    1,
 	}, counts, "resources by type")
 }
 
@@ -210,6 +211,26 @@ func TestALBDropsInvalidHeaderFields_CKV_AWS_131_AVD_AWS_0052(t *testing.T) {
 func TestALBDeletionProtection_CKV_AWS_150(t *testing.T) {
 	alb := findResource(t, planProd(t), TypeLoadBalancer, ComponentName+"-alb")
 	assert.Equal(t, true, input(alb, "enableDeletionProtection"), "%s enableDeletionProtection", alb.Name)
+}
+
+// The access logs expire after the stack's accessLogsExpireDays, under the
+// stack's own prefix: the bucket's lifecycle rule takes the number as set.
+func TestAccessLogsExpireAfterTheStacksDays(t *testing.T) {
+	for _, days := range []string{"1", "90", "3650"} {
+		cfg := withKey(prodConfig(t), KeyAccessLogsExpireDays, strp(days))
+		rs, err := runProgram(t, Prod(), "prod", cfg)
+		require.NoError(t, err, "days %s", days)
+		lc := findResource(t, rs, TypeBucketLifecycle, ComponentName+"-access-logs-lifecycle")
+		bucket := findResource(t, rs, TypeBucket, ComponentName+"-access-logs")
+		assert.Equal(t, mockID(bucket), input(lc, "bucket"), "%s is %s's lifecycle", lc.Name, bucket.Name)
+		assert.Equal(t, AccessLogsLifecycleRule, input(lc, "rules.0.id"), "%s rule id", lc.Name)
+		assert.Equal(t, "Enabled", input(lc, "rules.0.status"), "%s rule enabled", lc.Name)
+		assert.Equal(t, Project+"/prod/", input(lc, "rules.0.filter.prefix"), "%s expires the stack's own logs", lc.Name)
+		assert.Equal(t, days, fmt.Sprint(input(lc, "rules.0.expiration.days")), "%s expires after the stack's days", lc.Name)
+		assert.True(t, lc.Protect, "%s is protected like the bucket", lc.Name)
+	}
+	_, err := runProgram(t, Prod(), "prod", withKey(prodConfig(t), KeyAccessLogsExpireDays, strp("0")))
+	assert.ErrorContains(t, err, "mythex-infra:accessLogsExpireDays 0 must be within 1–3650 days")
 }
 
 func TestALBAccessLogsPerStack_CKV_AWS_91(t *testing.T) {

@@ -31,6 +31,16 @@ const (
 	KeyAccessLogsBucket = Project + ":accessLogsBucket"
 	KeyAppPort          = Project + ":appPort"
 	KeyInstanceIDs      = Project + ":instanceIds"
+	// KeyAccessLogsExpireDays is how long the access logs are kept.
+	KeyAccessLogsExpireDays = Project + ":accessLogsExpireDays"
+)
+
+// The range of accessLogsExpireDays: S3 expires objects after at least a
+// day; past ten years the number is a mistake (hours, or a date), not a
+// retention.
+const (
+	MinAccessLogsExpireDays = 1
+	MaxAccessLogsExpireDays = 3650
 )
 
 // StackConfig is what differs between stacks: where the load balancer lives
@@ -49,6 +59,9 @@ type StackConfig struct {
 	CertificateARN string
 	// AccessLogsBucket receives the load balancer's access logs.
 	AccessLogsBucket string
+	// AccessLogsExpireDays is how many days S3 keeps each access-log object
+	// before its lifecycle rule deletes it: logs do not grow forever.
+	AccessLogsExpireDays int
 	// AppPort is where the api service listens on every server.
 	AppPort int
 	// InstanceIDs are the servers behind the load balancer.
@@ -118,6 +131,13 @@ func ParseStackConfig(get ConfigSource) (StackConfig, error) {
 		c.AppPort = n
 	}
 	c.InstanceIDs = list(KeyInstanceIDs)
+	if v := text(KeyAccessLogsExpireDays); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil {
+			fail(KeyAccessLogsExpireDays, "%q must be a whole number of days", v)
+		}
+		c.AccessLogsExpireDays = n
+	}
 
 	// Shape rules for what was read; an unread input is reported once.
 	for _, p := range c.problems() {
@@ -200,6 +220,9 @@ func (c StackConfig) problems() []problem {
 	}
 	idList(KeyInstanceIDs, c.InstanceIDs, instanceRe, "an EC2 instance ID (i- and 8 or 17 hex digits)", 1,
 		"the target group needs at least one server", add)
+	if c.AccessLogsExpireDays < MinAccessLogsExpireDays || c.AccessLogsExpireDays > MaxAccessLogsExpireDays {
+		add(KeyAccessLogsExpireDays, "%d must be within %d–%d days", c.AccessLogsExpireDays, MinAccessLogsExpireDays, MaxAccessLogsExpireDays)
+	}
 	return ps
 }
 

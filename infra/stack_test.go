@@ -113,14 +113,15 @@ func TestProjectDeclaresEveryStackInput(t *testing.T) {
 
 func TestParseStackConfig(t *testing.T) {
 	good := map[string]string{
-		KeyRegion:           "eu-west-1",
-		KeyVPCID:            "vpc-0123abcd",
-		KeyPublicSubnetIDs:  `["subnet-0123456789abcdef0","subnet-89abcdef"]`,
-		KeyIPAddressType:    "dualstack",
-		KeyCertificateARN:   "arn:aws:acm:eu-west-1:123456789012:certificate/12345678-90ab-cdef-1234-567890abcdef",
-		KeyAccessLogsBucket: "mythex.logs-eu",
-		KeyAppPort:          "8080",
-		KeyInstanceIDs:      `["i-0123456789abcdef0"]`,
+		KeyRegion:               "eu-west-1",
+		KeyVPCID:                "vpc-0123abcd",
+		KeyPublicSubnetIDs:      `["subnet-0123456789abcdef0","subnet-89abcdef"]`,
+		KeyIPAddressType:        "dualstack",
+		KeyCertificateARN:       "arn:aws:acm:eu-west-1:123456789012:certificate/12345678-90ab-cdef-1234-567890abcdef",
+		KeyAccessLogsBucket:     "mythex.logs-eu",
+		KeyAppPort:              "8080",
+		KeyInstanceIDs:          `["i-0123456789abcdef0"]`,
+		KeyAccessLogsExpireDays: "90",
 	}
 	tests := []struct {
 		name string
@@ -131,6 +132,8 @@ func TestParseStackConfig(t *testing.T) {
 		{name: "valid", cfg: good},
 		{name: "lowest port", cfg: withKey(good, KeyAppPort, strp("1"))},
 		{name: "highest port", cfg: withKey(good, KeyAppPort, strp("65535"))},
+		{name: "logs kept a day", cfg: withKey(good, KeyAccessLogsExpireDays, strp("1"))},
+		{name: "logs kept ten years", cfg: withKey(good, KeyAccessLogsExpireDays, strp("3650"))},
 		{name: "shortest bucket", cfg: withKey(good, KeyAccessLogsBucket, strp("a-b"))},
 		{name: "longest bucket", cfg: withKey(good, KeyAccessLogsBucket, strp(strings.Repeat("a", 63)))},
 		{name: "gov partition", cfg: withKey(withKey(good, KeyRegion, strp("us-gov-west-1")), KeyCertificateARN,
@@ -142,9 +145,15 @@ func TestParseStackConfig(t *testing.T) {
 				`^aws:region is not set$`, `^mythex-infra:vpcId is not set$`, `^mythex-infra:publicSubnetIds is not set$`,
 				`^mythex-infra:ipAddressType is not set$`, `^mythex-infra:certificateArn is not set$`,
 				`^mythex-infra:accessLogsBucket is not set$`, `^mythex-infra:appPort is not set$`,
-				`^mythex-infra:instanceIds is not set$`,
+				`^mythex-infra:instanceIds is not set$`, `^mythex-infra:accessLogsExpireDays is not set$`,
 			},
 		},
+		{name: "logs kept no day", cfg: withKey(good, KeyAccessLogsExpireDays, strp("0")),
+			want: []string{`^mythex-infra:accessLogsExpireDays 0 must be within 1–3650 days$`}},
+		{name: "logs kept past ten years", cfg: withKey(good, KeyAccessLogsExpireDays, strp("3651")),
+			want: []string{`^mythex-infra:accessLogsExpireDays 3651 must be within 1–3650 days$`}},
+		{name: "logs kept a date", cfg: withKey(good, KeyAccessLogsExpireDays, strp("2027-01-01")),
+			want: []string{`^mythex-infra:accessLogsExpireDays "2027-01-01" must be a whole number of days$`}},
 		{name: "blank counts as missing", cfg: withKey(good, KeyVPCID, strp("  ")), want: []string{`^mythex-infra:vpcId is not set$`}},
 		{name: "region", cfg: withKey(good, KeyRegion, strp("Europe")), want: []string{`^aws:region "Europe" is not an AWS region`}},
 		{name: "vpc prefix", cfg: withKey(good, KeyVPCID, strp("subnet-0123abcd")), want: []string{`vpcId "subnet-0123abcd" is not a VPC ID`}},
@@ -196,9 +205,9 @@ func TestParseStackConfig(t *testing.T) {
 		},
 		{
 			name: "every problem at once",
-			cfg: withKey(withKey(withKey(good, KeyAppPort, strp("70000")), KeyPublicSubnetIDs, strp(`["subnet-0123abcd"]`)),
-				KeyVPCID, nil),
-			want: []string{`vpcId is not set`, `publicSubnetIds has 1 entries`, `appPort 70000 must be within`},
+			cfg: withKey(withKey(withKey(withKey(good, KeyAppPort, strp("70000")), KeyPublicSubnetIDs, strp(`["subnet-0123abcd"]`)),
+				KeyVPCID, nil), KeyAccessLogsExpireDays, strp("-7")),
+			want: []string{`vpcId is not set`, `publicSubnetIds has 1 entries`, `appPort 70000 must be within`, `accessLogsExpireDays -7 must be within 1–3650 days`},
 		},
 	}
 	for _, tc := range tests {

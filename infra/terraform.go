@@ -86,6 +86,12 @@ var terraformTypes = map[string]tfShape{
 	}},
 	TypeBucketPublicAccess: {Name: "aws_s3_bucket_public_access_block"},
 	TypeBucketPolicy:       {Name: "aws_s3_bucket_policy"},
+	TypeBucketLifecycle: {Name: "aws_s3_bucket_lifecycle_configuration", Blocks: map[string]tfShape{
+		"rules": {Name: "rule", Blocks: map[string]tfShape{
+			"filter":     {Name: "filter"},
+			"expiration": {Name: "expiration"},
+		}},
+	}},
 }
 
 // TerraformType is the Terraform resource type of a Pulumi type token, or ""

@@ -113,6 +113,7 @@ func TestTerraformHCLHasEveryResourceUnderItsTerraformType(t *testing.T) {
 		TypeBucketEncryption:   "aws_s3_bucket_server_side_encryption_configuration",
 		TypeBucketPublicAccess: "aws_s3_bucket_public_access_block",
 		TypeBucketPolicy:       "aws_s3_bucket_policy",
+		TypeBucketLifecycle:    "aws_s3_bucket_lifecycle_configuration",
 	}, func() map[string]string {
 		m := map[string]string{}
 		for k, v := range terraformTypes {

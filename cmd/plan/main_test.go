@@ -117,7 +117,11 @@ func TestPlanSaysWhatItIsAndListsEverything(t *testing.T) {
 		infra.TypeSecurityGroup: 2, infra.TypeIngressRule: 5, infra.TypeEgressRule: 3, infra.TypeLoadBalancer: 1,
 		infra.TypeTargetGroup: 1, infra.TypeListener: 2, infra.TypeAttachment: 2, infra.TypeENIAttachment: 2,
 		infra.TypeBucket: 1, infra.TypeBucketEncryption: 1, infra.TypeBucketPublicAccess: 1, infra.TypeBucketPolicy: 1,
+		infra.TypeBucketLifecycle: 1,
 	}, types, "resources listed by type")
+	// The access logs' lifecycle, with the stack's days.
+	assert.Regexp(t, `(?m)^\+ `+regexp.QuoteMeta(infra.TypeBucketLifecycle)+` mythex-access-logs-lifecycle \(AWS resource, parent mythex, protected\)\n`+
+		`    bucket +"dry-plan-mythex-access-logs"\n    rules\.0\.expiration\.days +90\n    rules\.0\.filter\.prefix +"mythex-infra/prod/"\n`, plan)
 
 	assert.Contains(t, plan, "\nStack outputs ")
 	assert.Regexp(t, `(?m)^  albDnsName +mythex-alb\.dry-plan\.invalid$`, plan)
@@ -250,6 +254,7 @@ func TestPlanCommand(t *testing.T) {
   mythex-infra:ipAddressType: ipv4
   mythex-infra:certificateArn: arn:aws:acm:eu-west-1:123456789012:certificate/00000000-0000-4000-8000-000000000000
   mythex-infra:accessLogsBucket: Mythex_Logs
+  mythex-infra:accessLogsExpireDays: 0
   mythex-infra:appPort: 70000
   mythex-infra:instanceIds:
     - i-0123456789abcdef0
@@ -287,16 +292,17 @@ func TestPlanCommand(t *testing.T) {
 		{
 			name: "no export of a bad stack", args: []string{"-stack-file", filepath.Join(bad, "Pulumi.prod.yaml"), "-tf", badExport},
 			code: 1, stdoutNone: true, export: badExport, noExport: true,
-			stderrHas: []string{"plan: stack prod: invalid stack config: 5 problem(s)"},
+			stderrHas: []string{"plan: stack prod: invalid stack config: 6 problem(s)"},
 		},
 		{
 			name: "bad stack file", args: []string{"-stack-file", filepath.Join(bad, "Pulumi.prod.yaml")}, code: 1, stdoutNone: true,
 			stderrHas: []string{
-				"plan: stack prod: invalid stack config: 5 problem(s)",
+				"plan: stack prod: invalid stack config: 6 problem(s)",
 				"mythex-infra:publicSubnetIds has 1 entries, needs at least 2",
 				"mythex-infra:certificateArn \"arn:aws:acm:eu-west-1:123456789012:certificate/00000000-0000-4000-8000-000000000000\" is in region eu-west-1, but the load balancer is in aws:region us-east-1",
 				"mythex-infra:accessLogsBucket \"Mythex_Logs\" must be lowercase",
 				"mythex-infra:appPort 70000 must be within 1–65535",
+				"mythex-infra:accessLogsExpireDays 0 must be within 1–3650 days",
 				"mythex-infra:instanceIds [1] \"i-0123456789abcdef0\" repeats [0]",
 			},
 		},
