@@ -16,6 +16,7 @@ import (
 	"gopkg.in/yaml.v3"
 
 	"github.com/mythex/infra/infra"
+	"github.com/mythex/infra/internal/needs"
 )
 
 // Every step's shell is `bash --noprofile --norc -eo pipefail`, the command
@@ -85,6 +86,7 @@ func binWith(t *testing.T, dir string, tools ...string) string {
 // and writes no output, where `echo "x=$(jq -er …)"` passed and wrote
 // `target-group-arn=` for the rollout to trip on later.
 func TestUpJobStepsFailOnBadInput(t *testing.T) {
+	needs.Have(t, needs.Tool("jq", "apt-get install jq"), needs.Tool("yq", "apt-get install yq"))
 	up := load(t, "deploy.yml").Jobs["up"]
 	var outputs, region step
 	for _, s := range up.Steps {
