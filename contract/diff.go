@@ -249,13 +249,16 @@ func diffVerdict(o, n judged) Verdict {
 			n.Label, strings.Join(m, ", "))}
 	}
 	// A field the old revision lacks had no value there to change from: it
-	// is judged at its new value on both sides, and the verdict says so.
+	// is judged at its new value on both sides, or at what the old release
+	// behaved as when the field has a meaning there (AsReleasedWithout), and
+	// the verdict says so.
 	old := o.t
 	added := o.missing(all)
 	ov, nv := reflect.ValueOf(&old).Elem(), reflect.ValueOf(n.t)
 	for _, f := range added {
 		ov.FieldByName(f).Set(nv.FieldByName(f))
 	}
+	old = old.AsReleasedWithout(added)
 	v := JudgeTransition(old, n.t)
 	v.Added = added
 	return v

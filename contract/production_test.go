@@ -46,6 +46,9 @@ func TestAtProduction(t *testing.T) {
 	v := DiffVerdict(side, Current())
 	assert.True(t, v.Safe(), v.Reason())
 	assert.Contains(t, v.Added, "NodeSkew")
+	// Production's release had no MaxDrain: it drained for Drain at most,
+	// which its 30 s grace fits; the added field is judged as that.
+	assert.Contains(t, v.Added, "MaxDrain")
 	assert.NotContains(t, v.Added, "Drain")
 
 	// A slower interval than production's, judged against it.

@@ -14,13 +14,14 @@ import (
 )
 
 // example is the change the rollout order exists for: the interval doubles,
-// the drain and the grace period make room for it.
+// the drain, its upper bound and the grace period make room for it.
 func example() (old, new infra.Timing) {
 	old = infra.Prod()
 	new = old
 	new.HealthCheckInterval = 10 * time.Second
-	new.Drain = 25 * time.Second
-	new.StopGracePeriod = 40 * time.Second
+	new.Drain = 30 * time.Second
+	new.MaxDrain = 30 * time.Second
+	new.StopGracePeriod = 45 * time.Second
 	return old, new
 }
 
@@ -38,7 +39,7 @@ func TestVerdict(t *testing.T) {
 	broken := old
 	broken.Drain = time.Second
 	// Back to a 5s interval and a 15s drain; the grace period stays, since
-	// old containers with the 25s drain stop under it.
+	// old containers with the 30s drain stop under it.
 	back := old
 	back.StopGracePeriod = new.StopGracePeriod
 	tests := []struct {
@@ -56,7 +57,7 @@ func TestVerdict(t *testing.T) {
 		{"the example", old, new, "servers-first", "after", true,
 			[]string{"#### Rollout order: **servers first**",
 				"servers first: roll the servers out, then run `pulumi up`; balancer first would break `drain-outlasts-detection`, `reentry-short`.",
-				"`pulumi up` changes the balancer: `HealthCheckInterval` 5s → 10s. The rollout changes the servers, one at a time: `Drain` 15s → 25s, `StopGracePeriod` 30s → 40s.",
+				"`pulumi up` changes the balancer: `HealthCheckInterval` 5s → 10s. The rollout changes the servers, one at a time: `Drain` 15s → 30s, `MaxDrain` 25s → 30s, `StopGracePeriod` 40s → 45s.",
 				"Balancer first breaks:\n\n- balancer first, before the rollout: the new balancer; servers of the old release: `drain-outlasts-detection`: Drain 15s must exceed worst-case detection 23s",
 			},
 			[]string{"Servers first breaks", "Split"}},
@@ -67,11 +68,11 @@ func TestVerdict(t *testing.T) {
 		{"no safe order", old, unsafe, "unsafe", "", false,
 			[]string{"#### Rollout order: **unsafe**",
 				"unsafe in either order: servers first would break `keepalive-outlasts-idle`, balancer first `drain-outlasts-detection`, `reentry-short`; split the change in two.",
-				"**Split it in two changes, each deployed on its own:**\n\n1. change `LBIdleTimeout` 1m → 30s (**any order**)\n2. then change `HealthCheckInterval` 5s → 10s, `Drain` 15s → 25s, `StopGracePeriod` 30s → 40s, `AppKeepAlive` 1m15s → 40s (**servers first**)\n"},
+				"**Split it in two changes, each deployed on its own:**\n\n1. change `LBIdleTimeout` 1m → 30s (**any order**)\n2. then change `HealthCheckInterval` 5s → 10s, `Drain` 15s → 30s, `MaxDrain` 25s → 30s, `StopGracePeriod` 40s → 45s, `AppKeepAlive` 1m15s → 40s (**servers first**)\n"},
 			nil},
 		{"the example reversed, grace period too: old containers would be killed", new, old, "unsafe", "", false,
-			[]string{"- servers first, mid-rollout: the old balancer; a server's old containers stop under the new definition: `drain-fits-grace`: Drain 25s + ShutdownTimeout 10s + KillMargin 5s = 40s must fit inside StopGracePeriod 30s",
-				"1. change `HealthCheckInterval` 10s → 5s, `Drain` 25s → 15s (**balancer first**)\n2. then change `StopGracePeriod` 40s → 30s (**any order**)\n"},
+			[]string{"- servers first, mid-rollout: the old balancer; a server's old containers stop under the new definition: `drain-fits-grace`: Drain 30s + ShutdownTimeout 10s + KillMargin 5s = 45s must fit inside StopGracePeriod 40s",
+				"1. change `HealthCheckInterval` 10s → 5s, `Drain` 30s → 15s, `MaxDrain` 30s → 25s (**balancer first**)\n2. then change `StopGracePeriod` 45s → 40s (**any order**)\n"},
 			nil},
 		{"a broken end", old, broken, "not-judged", "", false,
 			[]string{"#### Rollout order: not judged\n\na transition is judged between two valid timings: new timing: invalid timing: 2 rule(s) broken - drain-outlasts-detection: Drain 1s"},
@@ -108,7 +109,7 @@ func TestVerdictWithoutSplit(t *testing.T) {
 	require.True(t, v.Judged(), v.NotJudged)
 	require.Equal(t, infra.NoSafeOrder, v.Transition.Order, v.Reason())
 	assert.Nil(t, v.Split)
-	assert.Contains(t, verdictText(t, v), "**No two-step split proposed:** 17 fields changed at once")
+	assert.Contains(t, verdictText(t, v), "**No two-step split proposed:** 19 fields changed at once")
 }
 
 // TestDiffEndsWithTheVerdict: the diff prints the rollout order under

@@ -21,6 +21,13 @@ const (
 	EnvWriteTimeout    = "MYTHEX_WRITE_TIMEOUT"
 	EnvMaxHeaderBytes  = "MYTHEX_MAX_HEADER_BYTES"
 	EnvMaxRequest      = "MYTHEX_MAX_REQUEST"
+	EnvEvidence        = "MYTHEX_DRAIN_EVIDENCE"
+	EnvCheckInterval   = "MYTHEX_HEALTH_CHECK_INTERVAL"
+	EnvCheckTimeout    = "MYTHEX_HEALTH_CHECK_TIMEOUT"
+	EnvUnhealthy       = "MYTHEX_UNHEALTHY_THRESHOLD"
+	EnvDrainQuiet      = "MYTHEX_DRAIN_QUIET"
+	EnvQuietRequests   = "MYTHEX_QUIET_REQUESTS"
+	EnvMaxDrain        = "MYTHEX_MAX_DRAIN"
 )
 
 // Config is the server's side of the handshake with the balancer. Build it
@@ -32,7 +39,8 @@ type Config struct {
 	// HealthyStatus is what HealthPath answers while the service is serving
 	// and ready: the target group's matcher.
 	HealthyStatus int
-	// Drain is how long real traffic is still served after health turns 503.
+	// Drain is how long real traffic is still served after health turns 503
+	// when the evidence drain cannot tell better (the fixed drain).
 	Drain time.Duration
 	// ShutdownTimeout bounds in-flight requests after the listener closes.
 	ShutdownTimeout time.Duration
@@ -56,6 +64,37 @@ type Config struct {
 	// through the balancer. Handlers that hold requests (long polls, the
 	// reference service's /work) stay within it.
 	MaxRequest time.Duration
+
+	// Evidence turns on the evidence drain (see Server): the drain ends
+	// when the balancer's checks and the silence of real traffic show that
+	// it has stopped sending, and goes on past Drain while requests still
+	// arrive. Off, the drain lasts Drain exactly.
+	Evidence bool
+	// HealthCheckInterval and HealthCheckTimeout are the balancer's: how
+	// often each of its nodes checks this server, and how long one check
+	// may take.
+	HealthCheckInterval time.Duration
+	HealthCheckTimeout  time.Duration
+	// UnhealthyThreshold is how many failed checks take a server out of a
+	// balancer node's rotation.
+	UnhealthyThreshold int
+	// DrainQuiet is how long no real request may arrive before the drain
+	// ends on evidence, and what "requests have stopped" means past Drain.
+	DrainQuiet time.Duration
+	// QuietRequests is the least number of real requests in the DrainQuiet
+	// before the drain for silence to count as evidence.
+	QuietRequests int
+	// MaxDrain bounds a drain that requests keep going past Drain.
+	MaxDrain time.Duration
+}
+
+// EarliestEnd is the soonest the evidence drain may end after health turned
+// 503: no balancer node can have acted before its UnhealthyThreshold-th
+// failed check, (UnhealthyThreshold − 1) intervals after the first at the
+// soonest, and the requests it sent just before acting arrive within
+// DrainQuiet. infra.Timing.EarliestDrainEnd is the same bound.
+func (c Config) EarliestEnd() time.Duration {
+	return c.HealthCheckInterval*time.Duration(c.UnhealthyThreshold-1) + c.DrainQuiet
 }
 
 // Validate reports every field that cannot work, all at once.
@@ -74,13 +113,25 @@ func (c Config) Validate() error {
 		{"Drain", c.Drain}, {"ShutdownTimeout", c.ShutdownTimeout}, {"KeepAlive", c.KeepAlive},
 		{"ReadHeaderTimeout", c.ReadHeaderTimeout}, {"ReadTimeout", c.ReadTimeout},
 		{"WriteTimeout", c.WriteTimeout}, {"MaxRequest", c.MaxRequest},
+		{"HealthCheckInterval", c.HealthCheckInterval}, {"HealthCheckTimeout", c.HealthCheckTimeout},
+		{"DrainQuiet", c.DrainQuiet}, {"MaxDrain", c.MaxDrain},
 	} {
 		if d.v <= 0 {
 			errs = append(errs, fmt.Errorf("%s %v must be positive", d.name, d.v))
 		}
 	}
-	if c.MaxHeaderBytes <= 0 {
-		errs = append(errs, fmt.Errorf("MaxHeaderBytes %d must be positive", c.MaxHeaderBytes))
+	for _, n := range []struct {
+		name string
+		v    int
+	}{{"MaxHeaderBytes", c.MaxHeaderBytes}, {"UnhealthyThreshold", c.UnhealthyThreshold}, {"QuietRequests", c.QuietRequests}} {
+		if n.v <= 0 {
+			errs = append(errs, fmt.Errorf("%s %d must be positive", n.name, n.v))
+		}
+	}
+	// The drain past Drain is an extension: its bound cannot cut the fixed
+	// drain short.
+	if c.Drain > 0 && c.MaxDrain > 0 && c.MaxDrain < c.Drain {
+		errs = append(errs, fmt.Errorf("MaxDrain %v must not be below Drain %v", c.MaxDrain, c.Drain))
 	}
 	// The timing contract derives these; a Config built by hand must not
 	// cut a request its own MaxRequest allows.
@@ -108,6 +159,13 @@ func (c Config) Environ() []string {
 		EnvWriteTimeout + "=" + c.WriteTimeout.String(),
 		EnvMaxHeaderBytes + "=" + strconv.Itoa(c.MaxHeaderBytes),
 		EnvMaxRequest + "=" + c.MaxRequest.String(),
+		EnvEvidence + "=" + strconv.FormatBool(c.Evidence),
+		EnvCheckInterval + "=" + c.HealthCheckInterval.String(),
+		EnvCheckTimeout + "=" + c.HealthCheckTimeout.String(),
+		EnvUnhealthy + "=" + strconv.Itoa(c.UnhealthyThreshold),
+		EnvDrainQuiet + "=" + c.DrainQuiet.String(),
+		EnvQuietRequests + "=" + strconv.Itoa(c.QuietRequests),
+		EnvMaxDrain + "=" + c.MaxDrain.String(),
 	}
 }
 
@@ -156,6 +214,19 @@ func ConfigFromEnv(getenv func(string) string) (Config, error) {
 	c.WriteTimeout = dur(EnvWriteTimeout)
 	c.MaxHeaderBytes = num(EnvMaxHeaderBytes)
 	c.MaxRequest = dur(EnvMaxRequest)
+	if v := need(EnvEvidence); v != "" {
+		b, err := strconv.ParseBool(v)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", EnvEvidence, err))
+		}
+		c.Evidence = b
+	}
+	c.HealthCheckInterval = dur(EnvCheckInterval)
+	c.HealthCheckTimeout = dur(EnvCheckTimeout)
+	c.UnhealthyThreshold = num(EnvUnhealthy)
+	c.DrainQuiet = dur(EnvDrainQuiet)
+	c.QuietRequests = num(EnvQuietRequests)
+	c.MaxDrain = dur(EnvMaxDrain)
 	if len(errs) == 0 {
 		errs = append(errs, c.Validate())
 	}

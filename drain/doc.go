@@ -21,8 +21,8 @@
 //	t=25s     ShutdownDeadline    ShuttingDown → Stopped at the latest:
 //	                              requests still running are cut and
 //	                              logged; the process exits 0
-//	t=30s     StopGracePeriod     Docker's SIGKILL, never reached: the
-//	                              process exited 5s before
+//	t=40s     StopGracePeriod     Docker's SIGKILL, never reached: the
+//	                              process exited 15s before
 //
 // The drain outlasts detection by 2s: no request reaches a
 // closed listener. Each phase change is logged (log/slog) with how long the

@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -27,7 +28,8 @@ const (
 	// Serving: health answers HealthyStatus (when ready), every route serves.
 	Serving Phase = iota
 	// Draining: health answers 503, every other route still serves, and
-	// every response closes its connection. Lasts Config.Drain.
+	// every response closes its connection. Lasts Config.Drain, or less or
+	// more on evidence (see Server).
 	Draining
 	// ShuttingDown: the listener is closed; in-flight requests have
 	// Config.ShutdownTimeout to finish.
@@ -96,6 +98,38 @@ const (
 // sending any, then closes its listener and lets in-flight requests finish.
 // A Server serves once.
 //
+// The evidence drain (Config.Evidence) ends the drain on what the server
+// sees rather than on a clock: the balancer's health checks it answered 503,
+// counted per node, and the arrivals of real requests. Its rules:
+//
+//   - It ends early once every balancer node it can tell apart has had
+//     UnhealthyThreshold checks answered 503 and no request has arrived for
+//     DrainQuiet since the last of them, but never before EarliestDrainEnd,
+//     (UnhealthyThreshold − 1) × HealthCheckInterval + DrainQuiet after the
+//     drain began: no node can have acted sooner (ReasonEvidence).
+//   - Where the evidence is weak, Drain rules as a fixed drain
+//     (ReasonDrainElapsed): no node seen checking, nodes it cannot tell apart
+//     (one name or address checking faster than one node does), or traffic
+//     too thin (fewer than QuietRequests requests in the DrainQuiet before
+//     the drain) for silence to mean anything.
+//   - When requests still arrive at the end of Drain, it goes on until none
+//     has arrived for DrainQuiet (ReasonRequestsStopped), up to MaxDrain
+//     (ReasonMaxDrain, logged as an error: the balancer still sends, and
+//     what it sends next is answered 502).
+//
+// What the server can and cannot know: a balancer node checks and forwards
+// from its own address. An ALB has one node (or more) per subnet, each with
+// its own address there, and a port Docker publishes by NAT keeps that
+// address: the server tells nodes apart by it. Through Docker's userland
+// proxy (loopback, hairpin) every node arrives from one address, and
+// counting checks per address would count several nodes as one: a check
+// that names its node (HeaderNode) counts for that name instead, and an
+// address checking faster than one node marks the evidence weak. A node
+// that stopped checking in the detection time before the drain no longer
+// routes here and does not count; one the server never saw is unknown to
+// it, which is why the silence of real traffic must confirm the checks. The
+// service's own health check (HeaderSelfCheck) is never a node's.
+
 // A handler may hijack its connection (a WebSocket upgrade), through
 // http.Hijacker or http.ResponseController. The connection is then the
 // handler's to close, but the shutdown still waits for it within
@@ -123,6 +157,9 @@ type Server struct {
 	drainReason, skipReason string
 
 	notReady atomic.Bool
+
+	ev       *evidence
+	extended chan struct{}
 
 	mu       sync.Mutex
 	inFlight map[*request]struct{}
@@ -159,6 +196,8 @@ func New(cfg Config, next http.Handler, opts ...Option) (*Server, error) {
 		inFlight:  make(map[*request]struct{}),
 		hijacked:  make(map[*hijackedConn]struct{}),
 		closedOne: make(chan struct{}),
+		ev:        newEvidence(cfg),
+		extended:  make(chan struct{}),
 	}
 	for _, o := range opts {
 		o(s)
@@ -202,6 +241,19 @@ func (s *Server) Entered(p Phase) <-chan struct{} {
 		panic(fmt.Sprintf("drain: no such phase %d", int32(p)))
 	}
 	return s.entered[p]
+}
+
+// Extended returns a channel that is closed once the drain has gone on past
+// Config.Drain because requests were still arriving.
+func (s *Server) Extended() <-chan struct{} { return s.extended }
+
+// Evidence returns what the server has seen of the balancer so far: its
+// nodes' checks, the traffic before the drain, and whether that is enough
+// to end the drain on.
+func (s *Server) Evidence() Evidence {
+	s.ev.mu.Lock()
+	defer s.ev.mu.Unlock()
+	return s.ev.report()
 }
 
 // StartDrain starts the drain: health answers 503 from now on while every
@@ -337,22 +389,12 @@ func (s *Server) Serve(ln net.Listener) error {
 	case err := <-serveDone:
 		serveErr = s.listenerFailed(ln, err)
 	}
+	s.ev.begin(time.Now())
 	since = s.enter(Draining, since, s.drainReason,
 		"drain", s.cfg.Drain.String(), "health", http.StatusServiceUnavailable)
 	drainStart := since
 
-	timer := time.NewTimer(s.cfg.Drain)
-	defer timer.Stop()
-	reason := ReasonDrainElapsed
-	select {
-	case <-timer.C:
-	case <-s.skipCh:
-		reason = s.skipReason
-	case err := <-serveDone:
-		if serveErr = s.listenerFailed(ln, err); serveErr != nil {
-			reason = s.skipReason
-		}
-	}
+	reason, ev := s.drainWait(drainStart, serveDone, ln, &serveErr)
 
 	// The shutdown phase, and its timeout, start here: Stopped's Lasted
 	// counts from the deadline's start, not from the listener's close a
@@ -368,7 +410,8 @@ func (s *Server) Serve(ln net.Listener) error {
 	_ = ln.Close()
 	s.enter(ShuttingDown, since, reason,
 		"in_flight", s.inFlightCount(), "hijacked", s.hijackedCount(),
-		"shutdown_timeout", s.cfg.ShutdownTimeout.String())
+		"shutdown_timeout", s.cfg.ShutdownTimeout.String(),
+		"nodes", nodeNames(ev.Nodes), "requests_before", ev.Requests, "weak", ev.Weak)
 
 	cut := 0
 	reason = ReasonAllFinished
@@ -386,6 +429,57 @@ func (s *Server) Serve(ln net.Listener) error {
 	s.enter(Stopped, shutdownStart, reason, "cut", cut,
 		"since_drain_start", time.Since(drainStart).Round(time.Millisecond).String())
 	return serveErr
+}
+
+// drainWait serves the drain until one of its rules ends it (see Server),
+// or it is skipped; it returns the reason and the evidence at the end.
+func (s *Server) drainWait(start time.Time, serveDone <-chan error, ln net.Listener, serveErr *error) (string, Evidence) {
+	// Reset and Stop need no draining of C since Go 1.23.
+	timer := time.NewTimer(s.cfg.Drain)
+	defer timer.Stop()
+	for {
+		d := s.ev.decide(time.Now())
+		if d.end {
+			if d.reason == ReasonMaxDrain {
+				s.log.Error("drain cut at max drain: requests still arriving; the balancer is still sending here and will get 502s",
+					"max_drain", s.cfg.MaxDrain.String(), "drain", s.cfg.Drain.String(),
+					"lasted", time.Since(start).Round(time.Millisecond).String())
+			}
+			return d.reason, d.ev
+		}
+		if d.extend {
+			s.log.Warn("drain extended: requests still arriving after the drain; serving until they stop",
+				"drain", s.cfg.Drain.String(), "drain_quiet", s.cfg.DrainQuiet.String(),
+				"max_drain", s.cfg.MaxDrain.String())
+			close(s.extended)
+		}
+		timer.Reset(d.wait)
+		select {
+		case <-timer.C:
+		case <-s.ev.wake:
+		case <-s.skipCh:
+			return s.skipReason, s.Evidence()
+		case err := <-serveDone:
+			if *serveErr = s.listenerFailed(ln, err); *serveErr != nil {
+				return s.skipReason, s.Evidence()
+			}
+			serveDone = nil
+		}
+	}
+}
+
+func nodeNames(nodes []NodeEvidence) string {
+	var b strings.Builder
+	for i, n := range nodes {
+		if i > 0 {
+			b.WriteString(", ")
+		}
+		fmt.Fprintf(&b, "%s: %d failed", n.Name, n.Failed)
+		if n.Merged {
+			b.WriteString(" (merged)")
+		}
+	}
+	return b.String()
 }
 
 // listenerFailed records a failure of the listener while serving and skips
@@ -467,6 +561,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	req := &request{method: r.Method, path: r.URL.Path, remote: r.RemoteAddr, start: time.Now()}
+	s.ev.arrive(req.start)
 	cw := &closingWriter{ResponseWriter: w, s: s, req: req}
 	s.mu.Lock()
 	s.inFlight[req] = struct{}{}
@@ -490,6 +585,7 @@ func (s *Server) health(w http.ResponseWriter, r *http.Request, phase Phase) {
 		http.Error(w, "method not allowed", http.StatusMethodNotAllowed)
 		return
 	}
+	s.ev.check(r, phase == Draining, time.Now())
 	if phase != Serving {
 		s.log.Debug("health answered 503", "reason", "draining", "phase", phase.String())
 		healthAnswer(w, r, http.StatusServiceUnavailable, phase.String())

@@ -66,6 +66,7 @@ func runChild() int {
 	timing := infra.Prod().Scaled(childScale)
 	if os.Getenv(childEnv) == childProdDrain {
 		timing.Drain = infra.Prod().Drain
+		timing.MaxDrain = infra.Prod().MaxDrain
 	}
 	srv, err := drain.New(timing.DrainConfig(), routes(newGate()), drain.WithLogger(log))
 	if err != nil {

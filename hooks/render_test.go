@@ -183,7 +183,7 @@ func TestRenderRefusesUnusableTiming(t *testing.T) {
 		refused []string // renderers that must refuse
 		want    []string
 	}{
-		{"grace not whole seconds", fractionalGrace, []string{"compose"}, []string{"StopGracePeriod 30.5s must be whole seconds"}},
+		{"grace not whole seconds", fractionalGrace, []string{"compose"}, []string{"StopGracePeriod 40.5s must be whole seconds"}},
 		{"drain does not fit the grace period", tooShortGrace, []string{"compose", "timing.env", "timer"}, []string{"drain-fits-grace", "StopGracePeriod 20s"}},
 		{"finer than a millisecond", subMillisecond, []string{"compose", "timing.env", "timer"}, []string{"LockWait 36.000001s must be whole milliseconds"}},
 	}

@@ -27,6 +27,7 @@ func altTiming(t *testing.T) Timing {
 	tm.UnhealthyThreshold = 3
 	tm.HealthyThreshold = 4
 	tm.Drain = 40 * time.Second // detection 3 × 10 s + 5 s = 35 s, plus skew
+	tm.MaxDrain = 40 * time.Second
 	tm.StopGracePeriod = 55 * time.Second
 	tm.DeregistrationDelay = 45 * time.Second
 	tm.LBIdleTimeout = 120 * time.Second
@@ -461,6 +462,9 @@ func TestOutputsShowWhatIsLive(t *testing.T) {
 				"healthyThreshold":        tm.HealthyThreshold,
 				"nodeSkew":                tm.NodeSkew.String(),
 				"drain":                   tm.Drain.String(),
+				"drainQuiet":              tm.DrainQuiet.String(),
+				"quietRequests":           tm.QuietRequests,
+				"maxDrain":                tm.MaxDrain.String(),
 				"shutdownTimeout":         tm.ShutdownTimeout.String(),
 				"killMargin":              tm.KillMargin.String(),
 				"stopGracePeriod":         tm.StopGracePeriod.String(),

@@ -47,8 +47,9 @@ func TestProposeSplit(t *testing.T) {
 }
 
 // TestProposeSplitTheExample: slower checks with a shorter idle timeout
-// split into the smallest first step that works: the idle timeout alone
-// (safe in any order), then the rest (servers first).
+// split into the smallest first step that works: the longer drain alone
+// (safe in any order: the grace already holds a drain as long as MaxDrain),
+// then the rest (balancer first).
 func TestProposeSplitTheExample(t *testing.T) {
 	old := change(t, nil)
 	new := change(t, merge(slowChecks, map[string]any{"LBIdleTimeout": 30 * time.Second, "AppKeepAlive": 40 * time.Second}))
@@ -56,9 +57,9 @@ func TestProposeSplitTheExample(t *testing.T) {
 	require.NoError(t, err)
 	require.True(t, ok)
 	assert.Equal(t, infra.AnyOrder, split.First.Order)
-	assert.Equal(t, infra.ServersFirst, split.Next.Order)
+	assert.Equal(t, infra.BalancerFirst, split.Next.Order)
 	want := old
-	want.LBIdleTimeout = new.LBIdleTimeout
+	want.Drain = new.Drain
 	assert.Equal(t, want, split.Mid)
 }
 

@@ -67,8 +67,21 @@ type Timing struct {
 	NodeSkew time.Duration `side:"balancer"`
 
 	// Drain is how long a server keeps serving real traffic after its health
-	// endpoint starts answering 503.
+	// endpoint starts answering 503, when it has no better evidence that the
+	// balancer has stopped sending (the fixed drain).
 	Drain time.Duration `side:"servers,process"`
+	// DrainQuiet is how long no real request may arrive, once every balancer
+	// node the server can tell apart has failed UnhealthyThreshold checks,
+	// before the drain ends on that evidence; and how long a drain past
+	// Drain waits for requests to stop.
+	DrainQuiet time.Duration `side:"servers,process"`
+	// QuietRequests is the least number of real requests a server must have
+	// had in the DrainQuiet before its drain began for a silence of
+	// DrainQuiet to mean anything; with fewer, the fixed drain rules.
+	QuietRequests int `side:"servers,process"`
+	// MaxDrain is the longest a drain goes on while requests still arrive
+	// after Drain; past it the listener closes anyway, and the log says so.
+	MaxDrain time.Duration `side:"servers,process"`
 	// ShutdownTimeout bounds in-flight requests after the listener closes.
 	ShutdownTimeout time.Duration `side:"servers,process"`
 	// KillMargin is the least time left between the end of ShutdownTimeout and
@@ -143,22 +156,45 @@ func Prod() Timing {
 
 		// Outlasts WorstCaseDetection by more than NodeSkew, so every balancer
 		// node has provably stopped sending traffic before the listener
-		// closes (the article's fix: it used to be five seconds).
+		// closes (the article's fix: it used to be five seconds). The drain
+		// ends before it when the balancer's own checks and the silence of
+		// real traffic show it has stopped, and after it while requests
+		// still arrive (up to MaxDrain).
 		Drain: 15 * time.Second,
+		// Covers NodeSkew: a node acts on its last failed check up to
+		// NodeSkew after it, so a request it sent just before arrives no
+		// later. With at least QuietRequests (10) requests a second before
+		// the drain, a whole second without one happens by chance about once
+		// in e^10 ≈ 22,000 seconds of steady traffic; shorter, a pause in
+		// that traffic would pass for the balancer having stopped.
+		DrainQuiet: 1 * time.Second,
+		// Ten requests in DrainQuiet: below that, a silence of DrainQuiet is
+		// too likely to be chance (e^-10 at ten) to end a drain on.
+		QuietRequests: 10,
+		// Ten seconds past the fixed drain: a node still sending 12 s after
+		// worst-case detection is served, not answered 502. 25 s is also
+		// the pause that ended the 502s of a balancer slow to stop sending
+		// in aws-load-balancer-controller#1064. Longer, StopGracePeriod
+		// (and with it DeployDowntime and the watchdog's lock hold) would
+		// have to grow past 40 s.
+		MaxDrain: 25 * time.Second,
 		// Mythex API requests finish in well under a second; ten seconds let
 		// a slow one finish instead of being cut.
 		ShutdownTimeout: 10 * time.Second,
 		// Time to flush logs and exit after the last request, so a clean
 		// shutdown is never mistaken for a kill (exit 0, not 137).
 		KillMargin: 5 * time.Second,
-		// Drain + ShutdownTimeout + KillMargin, in the whole seconds the
-		// Docker engine API takes.
-		StopGracePeriod: 30 * time.Second,
+		// MaxDrain + ShutdownTimeout + KillMargin, in the whole seconds the
+		// Docker engine API takes: a drain that runs to its upper bound still
+		// exits before SIGKILL.
+		StopGracePeriod: 40 * time.Second,
 		// Covers ShutdownTimeout, so the balancer never cuts a request the app
 		// is still allowed to finish; equal to StopGracePeriod, because past
-		// it Docker has killed the process anyway. Far below the AWS default of
-		// five minutes, which would stall every target removal.
-		DeregistrationDelay: 30 * time.Second,
+		// it Docker has killed the process anyway, while below it a target
+		// deregistered at SIGTERM could have requests of a drain that runs to
+		// MaxDrain cut. Far below the AWS default of five minutes, which
+		// would stall every target removal.
+		DeregistrationDelay: 40 * time.Second,
 
 		// The ALB default; no Mythex request streams longer than this idle.
 		LBIdleTimeout: 60 * time.Second,
@@ -266,6 +302,42 @@ func (t Timing) ReentryWait() time.Duration {
 // restarted server is not left idle while its neighbours carry its load.
 func (t Timing) ReentryBound() time.Duration {
 	return t.Drain
+}
+
+// EarliestDrainEnd is the soonest a drain may end on evidence: no balancer
+// node can have acted before its UnhealthyThreshold-th failed check, which
+// comes (UnhealthyThreshold − 1) intervals after the first at the soonest
+// (the first may come at once), and the drain then waits DrainQuiet for
+// the requests that node sent just before acting.
+// The drain library applies it as drain.Config.EarliestEnd.
+func (t Timing) EarliestDrainEnd() time.Duration {
+	return t.HealthCheckInterval*time.Duration(t.UnhealthyThreshold-1) + t.DrainQuiet
+}
+
+// MaxShutdownDeadline is when, after SIGTERM, the last in-flight request is
+// cut at the latest: a drain that ran to MaxDrain, then ShutdownTimeout.
+func (t Timing) MaxShutdownDeadline() time.Duration {
+	return t.MaxDrain + t.ShutdownTimeout
+}
+
+// absentMeans gives, for a field Timing gained after releases went out
+// without it, the value those releases behaved as if they had.
+var absentMeans = map[string]func(*Timing){
+	// Before MaxDrain a drain never went past Drain.
+	"MaxDrain": func(t *Timing) { t.MaxDrain = t.Drain },
+}
+
+// AsReleasedWithout returns t with each of fields that a release lacked
+// set to what that release behaved as (MaxDrain: its Drain); a field with
+// no such meaning keeps t's value. A change is judged against an older
+// release this way, not with the new release's numbers on both sides.
+func (t Timing) AsReleasedWithout(fields []string) Timing {
+	for _, f := range fields {
+		if set, ok := absentMeans[f]; ok {
+			set(&t)
+		}
+	}
+	return t
 }
 
 // ListenerCloses is when, after SIGTERM, the server stops accepting connections.
@@ -493,6 +565,8 @@ func (t Timing) Scaled(f float64) Timing {
 	t.HealthCheckTimeout = s(t.HealthCheckTimeout)
 	t.NodeSkew = s(t.NodeSkew)
 	t.Drain = s(t.Drain)
+	t.DrainQuiet = s(t.DrainQuiet)
+	t.MaxDrain = s(t.MaxDrain)
 	t.ShutdownTimeout = s(t.ShutdownTimeout)
 	t.KillMargin = s(t.KillMargin)
 	t.StopGracePeriod = s(t.StopGracePeriod)
@@ -535,6 +609,9 @@ const (
 	RuleHeaderBeforeCut   Rule = "header-timeout-below-shutdown"
 	RuleIdleCoversRequest Rule = "idle-covers-max-request"
 	RuleDeadlineCoversCut Rule = "deadline-covers-shutdown"
+	RuleMaxDrainFits      Rule = "max-drain-fits-grace"
+	RuleMaxDrainCovers    Rule = "max-drain-covers-drain"
+	RuleQuietCoversSkew   Rule = "quiet-covers-skew"
 )
 
 // Violation is one broken rule: which fields take part and what is wrong.
@@ -603,6 +680,8 @@ func (t Timing) durations() []durationField {
 		{"HealthCheckTimeout", t.HealthCheckTimeout},
 		{"NodeSkew", t.NodeSkew},
 		{"Drain", t.Drain},
+		{"DrainQuiet", t.DrainQuiet},
+		{"MaxDrain", t.MaxDrain},
 		{"ShutdownTimeout", t.ShutdownTimeout},
 		{"KillMargin", t.KillMargin},
 		{"StopGracePeriod", t.StopGracePeriod},
@@ -653,6 +732,7 @@ func (t Timing) limitViolations() []Violation {
 		{"UnhealthyThreshold", t.UnhealthyThreshold},
 		{"HealthyThreshold", t.HealthyThreshold},
 		{"WatchdogStrikes", t.WatchdogStrikes},
+		{"QuietRequests", t.QuietRequests},
 	}
 	for _, c := range counts {
 		if c.value <= 0 {
@@ -751,6 +831,8 @@ func Relations() []Relation {
 	deployDowntime := Term{"DeployDowntime", Timing.DeployDowntime}
 	watchdogHold := Term{"WatchdogHold", Timing.WatchdogHold}
 	maxRequest := field("MaxRequest", func(t Timing) time.Duration { return t.MaxRequest })
+	drainTerm := field("Drain", func(t Timing) time.Duration { return t.Drain })
+	maxDrain := field("MaxDrain", func(t Timing) time.Duration { return t.MaxDrain })
 	return []Relation{
 		{
 			Rule:   RuleTimeoutBelowInt,
@@ -896,6 +978,36 @@ func Relations() []Relation {
 					t.RequestDeadline(), t.ShutdownTimeout)
 			},
 		},
+		{
+			Rule:   RuleMaxDrainFits,
+			Fields: []string{"MaxDrain", "ShutdownTimeout", "KillMargin", "StopGracePeriod"},
+			Left:   field("StopGracePeriod", func(t Timing) time.Duration { return t.StopGracePeriod }),
+			Right:  Term{"MaxShutdownDeadline", Timing.MaxShutdownDeadline},
+			Need:   &Term{"KillMargin", func(t Timing) time.Duration { return t.KillMargin }},
+			explain: func(t Timing) string {
+				return fmt.Sprintf("MaxDrain %v + ShutdownTimeout %v + KillMargin %v = %v must fit inside StopGracePeriod %v, or a drain that runs to its upper bound is killed mid-shutdown",
+					t.MaxDrain, t.ShutdownTimeout, t.KillMargin, t.MaxShutdownDeadline()+t.KillMargin, t.StopGracePeriod)
+			},
+		},
+		{
+			Rule:   RuleMaxDrainCovers,
+			Fields: []string{"MaxDrain", "Drain"},
+			Left:   maxDrain, Right: drainTerm,
+			explain: func(t Timing) string {
+				return fmt.Sprintf("MaxDrain %v must not be below Drain %v: the upper bound of a drain that requests keep going cannot end it before the fixed drain",
+					t.MaxDrain, t.Drain)
+			},
+		},
+		{
+			Rule:   RuleQuietCoversSkew,
+			Fields: []string{"DrainQuiet", "NodeSkew"},
+			Left:   field("DrainQuiet", func(t Timing) time.Duration { return t.DrainQuiet }),
+			Right:  field("NodeSkew", func(t Timing) time.Duration { return t.NodeSkew }),
+			explain: func(t Timing) string {
+				return fmt.Sprintf("DrainQuiet %v must cover NodeSkew %v, or a drain ends on evidence while the slowest node's last requests are still on their way",
+					t.DrainQuiet, t.NodeSkew)
+			},
+		},
 	}
 }
 
@@ -921,7 +1033,16 @@ func (t Timing) DrainConfig() drain.Config {
 		HealthyStatus:   HealthyStatus,
 		Drain:           t.Drain,
 		ShutdownTimeout: t.ShutdownTimeout,
-		KeepAlive:       t.AppKeepAlive,
+		// The evidence drain: the balancer's check pace and threshold say
+		// what its nodes' checks prove; the rest bounds the drain.
+		Evidence:            true,
+		HealthCheckInterval: t.HealthCheckInterval,
+		HealthCheckTimeout:  t.HealthCheckTimeout,
+		UnhealthyThreshold:  t.UnhealthyThreshold,
+		DrainQuiet:          t.DrainQuiet,
+		QuietRequests:       t.QuietRequests,
+		MaxDrain:            t.MaxDrain,
+		KeepAlive:           t.AppKeepAlive,
 		// Timing's reasons hold for these; drain.Config says what each does.
 		ReadHeaderTimeout: t.ReadHeaderTimeout,
 		ReadTimeout:       t.RequestDeadline(),

@@ -80,9 +80,16 @@ func TestValidateRejects(t *testing.T) {
 			infra.RuleDrainOutlasts, []string{"NodeSkew"}, "by at least NodeSkew 3s; margin is 2s"},
 		{"the article's old drain", map[string]any{"Drain": 5 * time.Second, "HealthCheckInterval": 30 * time.Second},
 			infra.RuleDrainOutlasts, []string{"Drain"}, "worst-case detection 1m3s"},
-		{"drain and shutdown overrun the grace period", map[string]any{"ShutdownTimeout": 12 * time.Second},
+		{"drain and shutdown overrun the grace period", map[string]any{"ShutdownTimeout": 22 * time.Second},
 			infra.RuleFitsGrace, []string{"Drain", "ShutdownTimeout", "KillMargin", "StopGracePeriod"},
-			"Drain 15s + ShutdownTimeout 12s + KillMargin 5s = 32s must fit inside StopGracePeriod 30s"},
+			"Drain 15s + ShutdownTimeout 22s + KillMargin 5s = 42s must fit inside StopGracePeriod 40s"},
+		{"max drain and shutdown overrun the grace period", map[string]any{"MaxDrain": 26 * time.Second},
+			infra.RuleMaxDrainFits, []string{"MaxDrain", "ShutdownTimeout", "KillMargin", "StopGracePeriod"},
+			"MaxDrain 26s + ShutdownTimeout 10s + KillMargin 5s = 41s must fit inside StopGracePeriod 40s"},
+		{"max drain below the drain", map[string]any{"MaxDrain": 14 * time.Second},
+			infra.RuleMaxDrainCovers, []string{"MaxDrain", "Drain"}, "MaxDrain 14s must not be below Drain 15s"},
+		{"quiet window shorter than the node skew", map[string]any{"DrainQuiet": 900 * time.Millisecond},
+			infra.RuleQuietCoversSkew, []string{"DrainQuiet", "NodeSkew"}, "DrainQuiet 900ms must cover NodeSkew 1s"},
 		{"no room before the kill", map[string]any{"StopGracePeriod": 27 * time.Second},
 			infra.RuleFitsGrace, []string{"StopGracePeriod"}, "must fit inside StopGracePeriod 27s"},
 		{"slow re-entry", map[string]any{"HealthyThreshold": 5},
@@ -99,15 +106,15 @@ func TestValidateRejects(t *testing.T) {
 			infra.RuleWatchdogTolerates, []string{"WatchdogStrikes"}, "watchdog tolerance 2m0s"},
 		{"watchdog too frequent", map[string]any{"WatchdogInterval": 30 * time.Second},
 			infra.RuleWatchdogTolerates, []string{"WatchdogInterval"}, "WatchdogInterval 30s"},
-		{"deploy downtime beyond the plan", map[string]any{"StartTimeout": 121 * time.Second, "LockWait": 10 * time.Minute},
+		{"deploy downtime beyond the plan", map[string]any{"StartTimeout": 111 * time.Second, "LockWait": 10 * time.Minute},
 			infra.RuleDowntimePlanned, []string{"StopGracePeriod", "StartTimeout", "MaxPlannedDowntime"},
-			"StopGracePeriod 30s + StartTimeout 2m1s = 2m31s must not exceed MaxPlannedDowntime 2m30s"},
+			"StopGracePeriod 40s + StartTimeout 1m51s = 2m31s must not exceed MaxPlannedDowntime 2m30s"},
 		{"deregistration cuts requests", map[string]any{"DeregistrationDelay": 9 * time.Second},
 			infra.RuleDeregCovers, []string{"DeregistrationDelay", "ShutdownTimeout"},
 			"DeregistrationDelay 9s must cover ShutdownTimeout 10s"},
-		{"lock wait shorter than a watchdog's hold", map[string]any{"LockWait": 104 * time.Second},
+		{"lock wait shorter than a watchdog's hold", map[string]any{"LockWait": 114 * time.Second},
 			infra.RuleLockOutlasts, []string{"LockWait", "StopGracePeriod", "StartTimeout", "EngineWork"},
-			"LockWait 1m44s must cover the longest a watchdog run holds the lock, one restart of every due service at once and its verification: StopGracePeriod 30s + StartTimeout 1m0s + EngineWork 15s = 1m45s"},
+			"LockWait 1m54s must cover the longest a watchdog run holds the lock, one restart of every due service at once and its verification: StopGracePeriod 40s + StartTimeout 1m0s + EngineWork 15s = 1m55s"},
 		{"container check slower than the earliest re-entry", map[string]any{"ContainerHealthInterval": 6 * time.Second},
 			infra.RuleContainerFaster, []string{"ContainerHealthInterval", "HealthCheckInterval", "HealthyThreshold"},
 			"ContainerHealthInterval 6s must not exceed the earliest re-entry 5s ((HealthyThreshold 2 - 1) × HealthCheckInterval 5s)"},
@@ -143,8 +150,8 @@ func TestValidateRejects(t *testing.T) {
 		{"balancer gives up before the longest request", map[string]any{"MaxRequest": 61 * time.Second},
 			infra.RuleIdleCoversRequest, []string{"LBIdleTimeout", "MaxRequest"},
 			"LBIdleTimeout 1m0s must cover MaxRequest 1m1s"},
-		{"deadline within the shutdown timeout", map[string]any{"ShutdownTimeout": 75 * time.Second, "StopGracePeriod": 95 * time.Second,
-			"DeregistrationDelay": 75 * time.Second, "MaxPlannedDowntime": 155 * time.Second, "LockWait": 155 * time.Second},
+		{"deadline within the shutdown timeout", map[string]any{"ShutdownTimeout": 75 * time.Second, "StopGracePeriod": 105 * time.Second,
+			"DeregistrationDelay": 75 * time.Second, "MaxPlannedDowntime": 165 * time.Second, "LockWait": 180 * time.Second},
 			infra.RuleDeadlineCoversCut, []string{"AppKeepAlive", "ShutdownTimeout"},
 			"the request deadline 1m15s (AppKeepAlive) must exceed ShutdownTimeout 1m15s"},
 
@@ -154,6 +161,8 @@ func TestValidateRejects(t *testing.T) {
 			infra.RulePositive, []string{"ShutdownTimeout"}, "ShutdownTimeout -1s must be positive"},
 		{"zero strikes", map[string]any{"WatchdogStrikes": 0},
 			infra.RulePositive, []string{"WatchdogStrikes"}, "WatchdogStrikes 0 must be positive"},
+		{"no quiet requests", map[string]any{"QuietRequests": 0},
+			infra.RulePositive, []string{"QuietRequests"}, "QuietRequests 0 must be positive"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -213,6 +222,12 @@ func TestBoundaries(t *testing.T) {
 		{"idle timeout a nanosecond short", map[string]any{"LBIdleTimeout": p.MaxRequest - 1}, infra.RuleIdleCoversRequest, true},
 		{"deadline a nanosecond past the shutdown timeout", map[string]any{"AppKeepAlive": p.ShutdownTimeout + 1}, infra.RuleDeadlineCoversCut, false},
 		{"deadline equal to the shutdown timeout", map[string]any{"AppKeepAlive": p.ShutdownTimeout}, infra.RuleDeadlineCoversCut, true},
+		{"max drain exactly fits the grace", map[string]any{"MaxDrain": p.StopGracePeriod - p.ShutdownTimeout - p.KillMargin}, infra.RuleMaxDrainFits, false},
+		{"max drain a nanosecond past the grace", map[string]any{"MaxDrain": p.StopGracePeriod - p.ShutdownTimeout - p.KillMargin + 1}, infra.RuleMaxDrainFits, true},
+		{"max drain equal to the drain", map[string]any{"MaxDrain": p.Drain}, infra.RuleMaxDrainCovers, false},
+		{"max drain a nanosecond below the drain", map[string]any{"MaxDrain": p.Drain - 1}, infra.RuleMaxDrainCovers, true},
+		{"quiet window equal to the node skew", map[string]any{"DrainQuiet": p.NodeSkew}, infra.RuleQuietCoversSkew, false},
+		{"quiet window a nanosecond short of the node skew", map[string]any{"DrainQuiet": p.NodeSkew - 1}, infra.RuleQuietCoversSkew, true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -318,6 +333,7 @@ func TestDerived(t *testing.T) {
 		HealthCheckInterval: 7 * time.Second, HealthCheckTimeout: 2 * time.Second,
 		UnhealthyThreshold: 3, HealthyThreshold: 4,
 		Drain: 30 * time.Second, ShutdownTimeout: 11 * time.Second, StopGracePeriod: 50 * time.Second,
+		DrainQuiet: 1500 * time.Millisecond, MaxDrain: 36 * time.Second,
 		LBIdleTimeout: 40 * time.Second, AppKeepAlive: 45 * time.Second,
 		StartTimeout: 20 * time.Second, LockWait: 3 * time.Minute,
 		WatchdogInterval: 30 * time.Second, WatchdogStrikes: 5,
@@ -336,6 +352,8 @@ func TestDerived(t *testing.T) {
 	assert.Equal(t, 30*time.Second, tm.ListenerCloses())
 	assert.Equal(t, 41*time.Second, tm.ShutdownDeadline(), "30s + 11s")
 	assert.Equal(t, 9*time.Second, tm.KillSlack(), "50s − 41s")
+	assert.Equal(t, 15500*time.Millisecond, tm.EarliestDrainEnd(), "(3 − 1) × 7s + 1.5s")
+	assert.Equal(t, 47*time.Second, tm.MaxShutdownDeadline(), "36s + 11s")
 	assert.Equal(t, 5*time.Second, tm.KeepAliveMargin(), "45s − 40s")
 	assert.Equal(t, 2*time.Minute, tm.WatchdogTolerance(), "(5 − 1) × 30s")
 	assert.Equal(t, 70*time.Second, tm.DeployDowntime(), "50s + 20s")
@@ -345,6 +363,17 @@ func TestDerived(t *testing.T) {
 	assert.Equal(t, 278*time.Second, tm.ServerDeployMax(), "3m + 70s + 28s")
 	assert.Equal(t, 344*time.Second, tm.BatchMax(), "278s + 66s")
 	assert.Equal(t, 45*time.Second, tm.RequestDeadline(), "AppKeepAlive")
+}
+
+func TestAsReleasedWithout(t *testing.T) {
+	p := infra.Prod()
+	before := p.AsReleasedWithout([]string{"MaxDrain", "DrainQuiet", "NodeSkew"})
+	assert.Equal(t, p.Drain, before.MaxDrain, "a release without MaxDrain never drained past Drain")
+	want := p
+	want.MaxDrain = p.Drain
+	assert.Equal(t, want, before, "fields without a meaning in an older release keep their value")
+	assert.Equal(t, p, p.AsReleasedWithout(nil))
+	assert.Equal(t, p, p.AsReleasedWithout([]string{"DrainQuiet"}))
 }
 
 func TestScaled(t *testing.T) {
@@ -384,20 +413,30 @@ func TestScaled(t *testing.T) {
 
 func TestDrainConfig(t *testing.T) {
 	tm := with(t, map[string]any{"Drain": 14 * time.Second, "ShutdownTimeout": 9 * time.Second, "AppKeepAlive": 70 * time.Second,
-		"MaxRequest": 50 * time.Second, "ReadHeaderTimeout": 4 * time.Second})
+		"MaxRequest": 50 * time.Second, "ReadHeaderTimeout": 4 * time.Second,
+		"HealthCheckInterval": 6 * time.Second, "HealthCheckTimeout": 2 * time.Second, "UnhealthyThreshold": 3,
+		"DrainQuiet": 1500 * time.Millisecond, "QuietRequests": 12, "MaxDrain": 24 * time.Second})
 	assert.Equal(t, drain.Config{
-		HealthPath:        infra.HealthPath,
-		HealthyStatus:     infra.HealthyStatus,
-		Drain:             14 * time.Second,
-		ShutdownTimeout:   9 * time.Second,
-		KeepAlive:         70 * time.Second,
-		ReadHeaderTimeout: 4 * time.Second,
-		ReadTimeout:       70 * time.Second,
-		WriteTimeout:      70 * time.Second,
-		MaxHeaderBytes:    64 << 10,
-		MaxRequest:        50 * time.Second,
+		HealthPath:          infra.HealthPath,
+		HealthyStatus:       infra.HealthyStatus,
+		Drain:               14 * time.Second,
+		ShutdownTimeout:     9 * time.Second,
+		KeepAlive:           70 * time.Second,
+		ReadHeaderTimeout:   4 * time.Second,
+		ReadTimeout:         70 * time.Second,
+		WriteTimeout:        70 * time.Second,
+		MaxHeaderBytes:      64 << 10,
+		MaxRequest:          50 * time.Second,
+		Evidence:            true,
+		HealthCheckInterval: 6 * time.Second,
+		HealthCheckTimeout:  2 * time.Second,
+		UnhealthyThreshold:  3,
+		DrainQuiet:          1500 * time.Millisecond,
+		QuietRequests:       12,
+		MaxDrain:            24 * time.Second,
 	}, tm.DrainConfig())
 	require.NoError(t, tm.DrainConfig().Validate())
+	assert.Equal(t, tm.EarliestDrainEnd(), tm.DrainConfig().EarliestEnd(), "the library's lower bound is the contract's")
 }
 
 // TestEveryDurationMustBePositive finds the duration fields by reflection,
@@ -433,14 +472,17 @@ func wrongValues(p infra.Timing) map[string][]any {
 		"UnhealthyThreshold": {0, -1, 1, 11,
 			int((p.Drain-p.NodeSkew-p.HealthCheckTimeout)/p.HealthCheckInterval) + 1},
 		"HealthyThreshold": {0, -1, 1, 11, int(p.ReentryBound()/p.HealthCheckInterval) + 1},
-		"NodeSkew":         {0, -time.Nanosecond, p.DrainMargin() + 1},
+		"NodeSkew":         {0, -time.Nanosecond, p.DrainMargin() + 1, p.DrainQuiet + 1},
 		"Drain": {0, -time.Second, p.WorstCaseDetection() + p.NodeSkew - 1,
-			p.StopGracePeriod - p.ShutdownTimeout - p.KillMargin + 1, p.Reentry() - 1},
+			p.StopGracePeriod - p.ShutdownTimeout - p.KillMargin + 1, p.Reentry() - 1, p.MaxDrain + 1},
+		"DrainQuiet":    {0, -time.Nanosecond, p.NodeSkew - 1},
+		"QuietRequests": {0, -1},
+		"MaxDrain":      {0, -time.Nanosecond, p.Drain - 1, p.StopGracePeriod - p.ShutdownTimeout - p.KillMargin + 1},
 		"ShutdownTimeout": {0, -time.Second, p.StopGracePeriod - p.Drain - p.KillMargin + 1, p.DeregistrationDelay + 1,
-			p.ReadHeaderTimeout, p.AppKeepAlive},
-		"KillMargin": {0, -time.Second, p.KillSlack() + 1},
+			p.ReadHeaderTimeout, p.AppKeepAlive, p.StopGracePeriod - p.MaxDrain - p.KillMargin + 1},
+		"KillMargin": {0, -time.Second, p.KillSlack() + 1, p.StopGracePeriod - p.MaxShutdownDeadline() + 1},
 		"StopGracePeriod": {0, -time.Second, p.StopGracePeriod + time.Second/2,
-			whole(p.ShutdownDeadline() + p.KillMargin - time.Second),
+			whole(p.ShutdownDeadline() + p.KillMargin - time.Second), whole(p.MaxShutdownDeadline() + p.KillMargin - time.Second),
 			p.MaxPlannedDowntime - p.StartTimeout + time.Second, p.LockWait - p.StartTimeout - p.EngineWork + time.Second},
 		"DeregistrationDelay": {-time.Second, p.ShutdownTimeout - time.Second, 3601 * time.Second,
 			p.DeregistrationDelay + time.Second/2},
@@ -501,11 +543,15 @@ func TestSweepStepsInwardAreValid(t *testing.T) {
 		field string
 		value any
 	}{
-		{"NodeSkew", p.DrainMargin()},
+		{"NodeSkew", min(p.DrainMargin(), p.DrainQuiet)},
 		{"Drain", p.WorstCaseDetection() + p.NodeSkew},
-		{"Drain", p.StopGracePeriod - p.ShutdownTimeout - p.KillMargin},
-		{"ShutdownTimeout", p.StopGracePeriod - p.Drain - p.KillMargin},
-		{"KillMargin", p.KillSlack()},
+		{"Drain", min(p.StopGracePeriod-p.ShutdownTimeout-p.KillMargin, p.MaxDrain)},
+		{"ShutdownTimeout", p.StopGracePeriod - p.MaxDrain - p.KillMargin},
+		{"KillMargin", p.StopGracePeriod - p.MaxShutdownDeadline()},
+		{"DrainQuiet", p.NodeSkew},
+		{"QuietRequests", 1},
+		{"MaxDrain", p.Drain},
+		{"MaxDrain", p.StopGracePeriod - p.ShutdownTimeout - p.KillMargin},
 		{"StartTimeout", p.LockWait - p.StopGracePeriod - p.EngineWork},
 		{"EngineWork", p.LockWait - p.DeployDowntime()},
 		{"LockWait", p.WatchdogHold()},
@@ -667,9 +713,9 @@ func TestProdRollout(t *testing.T) {
 	p := infra.Prod()
 	require.NoError(t, infra.CheckRollout(2, infra.DefaultMaxUnavailable))
 	assert.Equal(t, 1, infra.DefaultMaxUnavailable, "one server out at a time unless the rollout is told otherwise")
-	assert.Equal(t, 249*time.Second, p.BatchMax(), "220s + 29s")
+	assert.Equal(t, 259*time.Second, p.BatchMax(), "230s + 29s")
 	assert.Equal(t, 50*time.Second, p.RolloutMin(2, 1), "2 × 25s")
-	assert.Equal(t, 498*time.Second, p.RolloutMax(2, 1), "2 × 249s")
-	assert.Equal(t, 498*time.Second, p.RollbackBound(2, 1))
-	assert.Equal(t, 996*time.Second, p.FailedRolloutMax(2, 1))
+	assert.Equal(t, 518*time.Second, p.RolloutMax(2, 1), "2 × 259s")
+	assert.Equal(t, 518*time.Second, p.RollbackBound(2, 1))
+	assert.Equal(t, 1036*time.Second, p.FailedRolloutMax(2, 1))
 }

@@ -93,7 +93,7 @@ func MatrixCases() []Case {
 		},
 		{
 			Profile:  "short-grace",
-			Breaks:   []infra.Rule{infra.RuleFitsGrace},
+			Breaks:   []infra.Rule{infra.RuleFitsGrace, infra.RuleMaxDrainFits},
 			Expected: "old containers killed (exit 137) mid-drain, in-flight requests cut",
 			timing: func() infra.Timing {
 				t := infra.Prod()
@@ -125,6 +125,8 @@ var Unrehearsable = map[infra.Rule]string{
 	infra.RuleContainerFaster:   "Docker's health check only gates the deploy hook's own wait, which the rehearsal verifies on its own",
 	infra.RuleStartCovers:       "a start timeout shorter than the first container check fails the first deploy on every server, before any load",
 	infra.RuleHeaderBeforeCut:   "the load sends each request's headers at once: no client trickles them, so the header timeout never runs into a shutdown (drain's TestSlowHeaderDoesNotHoldTheShutdown shows it on loopback)",
+	infra.RuleMaxDrainCovers:    "the drain library refuses a MaxDrain below Drain when the service starts (drain.Config.Validate): no service ever runs with it",
+	infra.RuleQuietCoversSkew:   "the stand-in nodes reach the servers through Docker's userland proxy without naming themselves, so the servers cannot tell them apart and the evidence drain falls back to the fixed drain: a quiet window shorter than the skew never ends a drain here",
 	infra.RuleIdleCoversRequest: "the load's longest request is half the shutdown timeout, far inside the idle timeout; the balancer's 504 for a request past it is pinned by TestFidelity",
 }
 

@@ -32,12 +32,12 @@ func TestCheckScale(t *testing.T) {
 		scale   float64
 		wantErr string
 	}{
-		{"a fifth: 6 s stop grace", 0.2, ""},
-		{"a tenth: 3 s stop grace", 0.1, ""},
+		{"a fifth: 8 s stop grace", 0.2, ""},
+		{"a tenth: 4 s stop grace", 0.1, ""},
 		{"unscaled", 1, ""},
-		{"a quarter: 7.5 s stop grace", 0.25, "StopGracePeriod 30s × 0.25 = 7.5s"},
-		{"suggests the nearest whole-second scale", 0.25, "e.g. 0.2666"},
-		{"too small for a whole second", 0.01, "StopGracePeriod 30s × 0.01 = 300ms"},
+		{"a third: 13.2 s stop grace", 0.33, "StopGracePeriod 40s × 0.33 = 13.2s"},
+		{"suggests the nearest whole-second scale", 0.33, "e.g. 0.325"},
+		{"too small for a whole second", 0.01, "StopGracePeriod 40s × 0.01 = 400ms"},
 		{"zero", 0, "scale 0 must be within (0, 1]"},
 		{"negative", -0.2, "scale -0.2 must be within (0, 1]"},
 		{"slower than production", 2, "scale 2 must be within (0, 1]"},
@@ -62,7 +62,7 @@ func TestProfiles(t *testing.T) {
 
 	assert.Equal(t, ProfileProd, prod.Name)
 	assert.Equal(t, infra.Prod().Scaled(0.2), prod.Timing)
-	assert.Equal(t, 6*time.Second, prod.Timing.StopGracePeriod)
+	assert.Equal(t, 8*time.Second, prod.Timing.StopGracePeriod)
 	assert.Empty(t, prod.Violations, "prod is valid unscaled")
 	assert.NoError(t, prod.Timing.ValidateInvariants(), "prod keeps its invariants scaled")
 
@@ -73,9 +73,9 @@ func TestProfiles(t *testing.T) {
 }
 
 func TestProfilesReportsEveryProblem(t *testing.T) {
-	_, err := Profiles(0.25, ProfileProd, "staging", ProfileBefore)
+	_, err := Profiles(0.33, ProfileProd, "staging", ProfileBefore)
 	require.Error(t, err)
-	for _, want := range []string{"profile prod: scale 0.25", `profile "staging": unknown`, "profile before: scale 0.25"} {
+	for _, want := range []string{"profile prod: scale 0.33", `profile "staging": unknown`, "profile before: scale 0.33"} {
 		assert.ErrorContains(t, err, want)
 	}
 	_, err = Profiles(0.2)

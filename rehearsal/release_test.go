@@ -51,7 +51,12 @@ func TestWriteReleaseBeforeDiffersOnlyInTheDrain(t *testing.T) {
 	drainOf := func(tm infra.Timing) string { return `"` + drain.EnvDrain + "=" + tm.Drain.String() + `"` }
 	assert.Equal(t, len(hooks.Roles), strings.Count(got[hooks.ComposeFile], drainOf(before)), "every service drains for before's %v", before.Drain)
 	assert.NotContains(t, got[hooks.ComposeFile], drainOf(ref))
-	assert.Equal(t, uncommented(strings.ReplaceAll(prod[hooks.ComposeFile], drainOf(ref), drainOf(before))), uncommented(got[hooks.ComposeFile]),
+	// The evidence drain's copy of the balancer's interval is before's own.
+	intervalOf := func(tm infra.Timing) string {
+		return `"` + drain.EnvCheckInterval + "=" + tm.HealthCheckInterval.String() + `"`
+	}
+	want := strings.NewReplacer(drainOf(ref), drainOf(before), intervalOf(ref), intervalOf(before)).Replace(prod[hooks.ComposeFile])
+	assert.Equal(t, uncommented(want), uncommented(got[hooks.ComposeFile]),
 		"nothing else differs from prod's servers (the header comment tells before's drain)")
 	assert.Equal(t, string(hooks.Checksum([]byte(got[hooks.ComposeFile]))), got[hooks.ChecksumFile], "checksum matches what is shipped")
 	// The numbers that follow the balancer's checks are before's own, from

@@ -35,13 +35,14 @@ import (
 // NodeSkew).
 const (
 	exampleHealthCheckInterval = 10 * time.Second
-	exampleDrain               = 25 * time.Second
+	exampleDrain               = 30 * time.Second
 )
 
 // ExampleChange is the change the transition rehearsal rolls out: from
 // production to production with exampleHealthCheckInterval and
-// exampleDrain, and the stop grace period that the longer drain needs to
-// keep drain-fits-grace (drain + shutdown timeout + kill margin, 40 s).
+// exampleDrain, its upper bound MaxDrain raised to it, and the stop grace
+// period that the longer drain needs to keep drain-fits-grace (drain +
+// shutdown timeout + kill margin, 45 s).
 // Every other number, the deregistration delay included, stays: no other
 // relation needs it to move.
 func ExampleChange() (old, new infra.Timing) {
@@ -49,6 +50,7 @@ func ExampleChange() (old, new infra.Timing) {
 	new = old
 	new.HealthCheckInterval = exampleHealthCheckInterval
 	new.Drain = exampleDrain
+	new.MaxDrain = exampleDrain
 	new.StopGracePeriod = new.ShutdownDeadline() + new.KillMargin
 	return old, new
 }

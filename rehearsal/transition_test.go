@@ -106,14 +106,14 @@ func TestExampleChange(t *testing.T) {
 			moved = append(moved, o.Type().Field(i).Name)
 		}
 	}
-	assert.Equal(t, []string{"HealthCheckInterval", "Drain", "StopGracePeriod"}, moved)
+	assert.Equal(t, []string{"HealthCheckInterval", "Drain", "MaxDrain", "StopGracePeriod"}, moved)
 	assert.Equal(t, 2*old.HealthCheckInterval, new.HealthCheckInterval, "the balancer checks half as often")
 	// The grace period is the least that keeps drain-fits-grace: a second
 	// less breaks it.
 	tight := new
 	tight.StopGracePeriod -= time.Second
 	assert.True(t, infra.HasRule(tight.Validate(), infra.RuleFitsGrace))
-	assert.Equal(t, []string{"HealthCheckInterval 5s → 10s (balancer)", "Drain 15s → 25s (servers)", "StopGracePeriod 30s → 40s (servers)"},
+	assert.Equal(t, []string{"HealthCheckInterval 5s → 10s (balancer)", "Drain 15s → 30s (servers)", "MaxDrain 25s → 30s (servers)", "StopGracePeriod 40s → 45s (servers)"},
 		changedFields(old, new))
 }
 
@@ -136,7 +136,7 @@ func TestTransitionCase(t *testing.T) {
 		assert.NotNil(t, p.steps)
 		assert.Empty(t, p.Breaks, "nothing broken is rendered")
 	}
-	assert.Equal(t, 8*time.Second, tc.scaledNew.StopGracePeriod, "whole seconds scaled")
+	assert.Equal(t, 9*time.Second, tc.scaledNew.StopGracePeriod, "whole seconds scaled")
 	require.NoError(t, hooks.WriteRelease(t.TempDir(), tc.scaledNew), "the ordinary renderer takes the new release")
 
 }
@@ -153,7 +153,7 @@ func TestTransitionCaseRefuses(t *testing.T) {
 		scale    float64
 		want     []string
 	}{
-		{"a scale Docker cannot take", old, new, 0.25, []string{"old timing: scale 0.25 makes StopGracePeriod 30s × 0.25 = 7.5s"}},
+		{"a scale Docker cannot take", old, new, 0.33, []string{"old timing: scale 0.33 makes StopGracePeriod 40s × 0.33 = 13.2s"}},
 		{"an invalid new timing", old, shortDrain, 0.2, []string{"new timing: invalid timing", "drain-outlasts-detection"}},
 		{"a break whose symptom is not judged", old, keepAlive, 0.2, []string{"balancer first breaks keepalive-outlasts-idle"}},
 	}

@@ -282,8 +282,9 @@ func TestDeployJudgesAgainstWhatProductionRuns(t *testing.T) {
 	a := r.git("rev-parse", "HEAD")
 	b := r.edit("B: interval 5s → 10s", "infra/timing.go", map[string]string{
 		"HealthCheckInterval: 5 * time.Second,": "HealthCheckInterval: 10 * time.Second,",
-		"Drain: 15 * time.Second,":              "Drain: 25 * time.Second,",
-		"StopGracePeriod: 30 * time.Second,":    "StopGracePeriod: 40 * time.Second,",
+		"Drain: 15 * time.Second,":              "Drain: 30 * time.Second,",
+		"MaxDrain: 25 * time.Second,":           "MaxDrain: 30 * time.Second,",
+		"StopGracePeriod: 40 * time.Second,":    "StopGracePeriod: 45 * time.Second,",
 	})
 	require.NoError(t, os.WriteFile(filepath.Join(r.dir, "README.md"), []byte("# Mythex infra\n\nA README change.\n"), 0o644))
 	c := r.commit("C: README")

@@ -334,8 +334,15 @@ func check(args []string, getenv func(string) string, stdout io.Writer) int {
 	}
 
 	url := "http://127.0.0.1:" + strconv.Itoa(port) + path
-	client := &http.Client{Timeout: checkTimeout}
-	resp, err := client.Get(url)
+	ctx, cancel := context.WithTimeout(context.Background(), checkTimeout)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return fail("GET %s: %v", url, err)
+	}
+	// The host's own check is no balancer node's: the drain must not count it.
+	req.Header.Set(drain.HeaderSelfCheck, "1")
+	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		return fail("GET %s: %v", url, err)
 	}

@@ -227,7 +227,7 @@ func TestBadInputExitsTwoListingEveryProblem(t *testing.T) {
 		not  []string
 	}{
 		{"nothing set", nil, nil, []string{
-			"13 problem(s)", `role ""`, "version must not be empty", "port: not set",
+			"20 problem(s)", `role ""`, "version must not be empty", "port: not set",
 			"MYTHEX_HEALTH_PATH is not set", "MYTHEX_HEALTHY_STATUS is not set", "MYTHEX_DRAIN is not set",
 			"MYTHEX_SHUTDOWN_TIMEOUT is not set", "MYTHEX_KEEPALIVE is not set",
 			"MYTHEX_READ_HEADER_TIMEOUT is not set", "MYTHEX_READ_TIMEOUT is not set", "MYTHEX_WRITE_TIMEOUT is not set",
@@ -439,6 +439,7 @@ func TestSecondSIGTERMSkipsTheRestOfTheDrain(t *testing.T) {
 	// The production drain, never waited out: the second SIGTERM lands
 	// inside it however late, and a skip that did not happen still shows.
 	timing.Drain = infra.Prod().Drain
+	timing.MaxDrain = infra.Prod().MaxDrain
 	p := startService(t, env("gateway", timing))
 
 	sigterm := time.Now()
@@ -571,6 +572,7 @@ func TestCheck(t *testing.T) {
 	// second SIGTERM ends it, so it is never waited out.
 	drainingTiming := timing
 	drainingTiming.Drain = infra.Prod().Drain
+	drainingTiming.MaxDrain = infra.Prod().MaxDrain
 	draining := startService(t, env("api", drainingTiming))
 	draining.signal(t, syscall.SIGTERM)
 	draining.waitLog(t, "phase draining")

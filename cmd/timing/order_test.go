@@ -72,7 +72,7 @@ func (r *gitRepo) commit(from, tag string, replace map[string]string) {
 }
 
 // TestOrderOnABranch: a branch that makes the issue's change (interval 5s →
-// 10s, drain 15s → 25s, grace 30s → 40s) gets "servers first" with its
+// 10s, drain and its upper bound → 30s, grace 40s → 45s) gets "servers first" with its
 // reason under the diff, and `pulumi up` after the rollout; reversed, balancer
 // first; with a shorter idle timeout on top, no order: the pull-request gate
 // fails with a split and the deploy refuses it.
@@ -83,15 +83,16 @@ func TestOrderOnABranch(t *testing.T) {
 	r := newGitRepo(t)
 	slow := map[string]string{
 		"HealthCheckInterval: 5 * time.Second,": "HealthCheckInterval: 10 * time.Second,",
-		"Drain: 15 * time.Second,":              "Drain: 25 * time.Second,",
-		"StopGracePeriod: 30 * time.Second,":    "StopGracePeriod: 40 * time.Second,",
+		"Drain: 15 * time.Second,":              "Drain: 30 * time.Second,",
+		"MaxDrain: 25 * time.Second,":           "MaxDrain: 30 * time.Second,",
+		"StopGracePeriod: 40 * time.Second,":    "StopGracePeriod: 45 * time.Second,",
 	}
 	r.commit("base", "slow", slow)
 	r.commit("slow", "unsafe", map[string]string{
 		"LBIdleTimeout: 60 * time.Second,": "LBIdleTimeout: 30 * time.Second,",
 		"AppKeepAlive: 75 * time.Second,":  "AppKeepAlive: 40 * time.Second,",
 	})
-	r.commit("base", "grace40", map[string]string{"StopGracePeriod: 30 * time.Second,": "StopGracePeriod: 40 * time.Second,"})
+	r.commit("base", "grace45", map[string]string{"StopGracePeriod: 40 * time.Second,": "StopGracePeriod: 45 * time.Second,"})
 	t.Chdir(r.dir)
 
 	code, stdout, stderr := runTiming(t, "diff", "-gate", "base", "slow")
@@ -110,7 +111,7 @@ func TestOrderOnABranch(t *testing.T) {
 		stderr   string
 	}{
 		{"the example", "base", "slow", 0, "verdict=servers-first\npulumi-up=after\n", "servers first: roll the servers out"},
-		{"the example reversed", "slow", "grace40", 0, "verdict=balancer-first\npulumi-up=before\n", "balancer first: run `pulumi up`"},
+		{"the example reversed", "slow", "grace45", 0, "verdict=balancer-first\npulumi-up=before\n", "balancer first: run `pulumi up`"},
 		{"no safe order", "base", "unsafe", 1, "verdict=unsafe\n", "1. change `LBIdleTimeout` 1m → 30s (**any order**)"},
 	}
 	for _, tt := range tests {
@@ -265,12 +266,14 @@ func TestDeployWorkflowFollowsTheVerdict(t *testing.T) {
 }
 
 // example is the issue's change as two timings: Prod, and Prod with the
-// interval at 10s, the drain at 25s and the grace period at 40s.
+// interval at 10s, the drain and its upper bound at 30s and the grace period
+// at 45s.
 func example() (old, new infra.Timing) {
 	old = infra.Prod()
 	new = old
 	new.HealthCheckInterval = 10 * time.Second
-	new.Drain = 25 * time.Second
-	new.StopGracePeriod = 40 * time.Second
+	new.Drain = 30 * time.Second
+	new.MaxDrain = 30 * time.Second
+	new.StopGracePeriod = 45 * time.Second
 	return old, new
 }
