@@ -282,7 +282,9 @@ func (e *evidence) decide(now time.Time) decision {
 		d.wait = wait
 		return d
 	}
-	arriving := c.Evidence && now.Sub(e.lastArrival) < c.DrainQuiet
+	// Weak evidence keeps the fixed drain whole: requests arriving then say
+	// nothing about which nodes still send.
+	arriving := d.ev.Weak == "" && now.Sub(e.lastArrival) < c.DrainQuiet
 	switch {
 	case arriving && elapsed >= c.MaxDrain:
 		d.end, d.reason = true, ReasonMaxDrain

@@ -176,6 +176,7 @@ func TestRequestsStillArrivingExtendTheDrain(t *testing.T) {
 	r := start(t, cfg, routes(newGate()))
 	c := newClient(t, r.addr)
 
+	c.before([]string{"lb1", "lb2"}, cfg.QuietRequests, cfg.HealthCheckInterval)
 	r.srv.StartDrain()
 	stop := make(chan struct{})
 	failed := c.keepSending(cfg.DrainQuiet/5, stop)
@@ -199,6 +200,7 @@ func TestTheDrainStopsAtMaxDrainAndSaysSo(t *testing.T) {
 	r := start(t, cfg, routes(newGate()))
 	c := newClient(t, r.addr)
 
+	c.before([]string{"lb1", "lb2"}, cfg.QuietRequests, cfg.HealthCheckInterval)
 	r.srv.StartDrain()
 	stop := make(chan struct{})
 	failed := c.keepSending(cfg.DrainQuiet/5, stop)
@@ -239,13 +241,19 @@ func TestWeakEvidenceFallsBackToTheFixedDrain(t *testing.T) {
 
 			c.before(tt.nodes, tt.requests, cfg.HealthCheckInterval)
 			r.srv.StartDrain()
+			// Requests still arriving at the end of the drain do not extend
+			// a drain whose evidence is weak.
+			stop := make(chan struct{})
+			sent := c.keepSending(cfg.DrainQuiet/2, stop)
 			c.checkRounds(tt.nodes, cfg.UnhealthyThreshold, cfg.HealthCheckInterval)
 			waitFor(t, r.srv.Entered(drain.ShuttingDown), "shutting down")
+			close(stop)
+			<-sent
 
 			drained := r.change(t, drain.ShuttingDown)
 			assert.Equal(t, drain.ReasonDrainElapsed, drained.Reason)
 			assert.GreaterOrEqual(t, drained.Lasted, cfg.Drain, "weak evidence ended the drain early")
-			assert.Less(t, drained.Lasted, cfg.MaxDrain)
+			assert.Less(t, drained.Lasted, cfg.Drain+cfg.DrainQuiet, "weak evidence extended the drain")
 			assert.Contains(t, r.srv.Evidence().Weak, tt.weak)
 			assert.Contains(t, r.logs.records(t, "phase shutting-down")[0]["weak"], tt.weak)
 		})

@@ -107,15 +107,16 @@ const (
 //     DrainQuiet since the last of them, but never before EarliestDrainEnd,
 //     (UnhealthyThreshold − 1) × HealthCheckInterval + DrainQuiet after the
 //     drain began: no node can have acted sooner (ReasonEvidence).
-//   - Where the evidence is weak, Drain rules as a fixed drain
-//     (ReasonDrainElapsed): no node seen checking, nodes it cannot tell apart
-//     (one name or address checking faster than one node does), or traffic
-//     too thin (fewer than QuietRequests requests in the DrainQuiet before
-//     the drain) for silence to mean anything.
-//   - When requests still arrive at the end of Drain, it goes on until none
-//     has arrived for DrainQuiet (ReasonRequestsStopped), up to MaxDrain
-//     (ReasonMaxDrain, logged as an error: the balancer still sends, and
-//     what it sends next is answered 502).
+//   - Where the evidence is weak, Drain rules as a fixed drain, exactly as
+//     with the evidence drain off (ReasonDrainElapsed): no node seen
+//     checking, nodes it cannot tell apart (one name or address checking
+//     faster than one node does), or traffic too thin (fewer than
+//     QuietRequests requests in the DrainQuiet before the drain) for
+//     silence to mean anything.
+//   - Otherwise, when requests still arrive at the end of Drain, it goes on
+//     until none has arrived for DrainQuiet (ReasonRequestsStopped), up to
+//     MaxDrain (ReasonMaxDrain, logged as an error: the balancer still
+//     sends, and what it sends next is answered 502).
 //
 // What the server can and cannot know: a balancer node checks and forwards
 // from its own address. An ALB has one node (or more) per subnet, each with
