@@ -63,6 +63,7 @@ func TestPlanMarksEveryTimingInputWithItsField(t *testing.T) {
 	slow.UnhealthyThreshold = 3
 	slow.HealthyThreshold = 4
 	slow.Drain = 40 * time.Second
+	slow.MaxDrain = 40 * time.Second
 	slow.StopGracePeriod = 55 * time.Second
 	slow.DeregistrationDelay = 45 * time.Second
 	slow.LBIdleTimeout = 120 * time.Second
