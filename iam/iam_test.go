@@ -241,7 +241,7 @@ func TestPolicyAllowsEveryCallAndNothingElse(t *testing.T) {
 	cli, sdk := cliCalls(t), sdkCalls(t)
 	// The calls the issue names must be found, or the derivation is broken.
 	for _, want := range []call{
-		{"elasticloadbalancing:DescribeTargetHealth", "hooks/rollout: aws elbv2 describe-target-health"},
+		{"elasticloadbalancing:DescribeTargetHealth", "rollout/elb.go: elasticloadbalancingv2.DescribeTargetHealth"},
 		{"ssm:StartSession", ".github/workflows/deploy.yml: aws ssm start-session"},
 		{"cloudwatch:GetMetricData", "cmd/albmetrics/main.go: cloudwatch.GetMetricData"},
 		{"iam:CreateServiceLinkedRole", "program: aws:lb/loadBalancer:LoadBalancer"},

@@ -7,7 +7,7 @@ import (
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
-	elb "github.com/aws/aws-sdk-go-v2/service/elasticloadbalancingv2"
+	"github.com/aws/aws-sdk-go-v2/service/elasticloadbalancingv2"
 	"github.com/aws/aws-sdk-go-v2/service/elasticloadbalancingv2/types"
 
 	"github.com/mythex/infra/infra"
@@ -15,7 +15,7 @@ import (
 
 // TargetHealthAPI is the one ELBv2 call the rollout makes.
 type TargetHealthAPI interface {
-	DescribeTargetHealth(ctx context.Context, in *elb.DescribeTargetHealthInput, opts ...func(*elb.Options)) (*elb.DescribeTargetHealthOutput, error)
+	DescribeTargetHealth(ctx context.Context, in *elasticloadbalancingv2.DescribeTargetHealthInput, opts ...func(*elasticloadbalancingv2.Options)) (*elasticloadbalancingv2.DescribeTargetHealthOutput, error)
 }
 
 // ELB awaits a server's re-entry as the balancer sees it: the target
@@ -69,7 +69,7 @@ func (e ELB) WaitInService(ctx context.Context, server string) error {
 func (e ELB) state(ctx context.Context, server string) string {
 	cctx, cancel := context.WithTimeout(ctx, e.Timing.ReentryCallMax())
 	defer cancel()
-	out, err := e.API.DescribeTargetHealth(cctx, &elb.DescribeTargetHealthInput{
+	out, err := e.API.DescribeTargetHealth(cctx, &elasticloadbalancingv2.DescribeTargetHealthInput{
 		TargetGroupArn: aws.String(e.TargetGroupARN),
 		Targets:        []types.TargetDescription{{Id: aws.String(server), Port: aws.Int32(int32(e.Port))}},
 	})

@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
-	elb "github.com/aws/aws-sdk-go-v2/service/elasticloadbalancingv2"
+	"github.com/aws/aws-sdk-go-v2/service/elasticloadbalancingv2"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -20,12 +20,12 @@ import (
 
 // standIn serves describe-target-health on loopback in the query protocol
 // the SDK speaks, answered by health.
-func standIn(t *testing.T, health func(targethealth.Call) (targethealth.Health, error)) (*targethealth.Server, *elb.Client) {
+func standIn(t *testing.T, health func(targethealth.Call) (targethealth.Health, error)) (*targethealth.Server, *elasticloadbalancingv2.Client) {
 	t.Helper()
 	s, err := targethealth.Start(health)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = s.Close() })
-	client := elb.New(elb.Options{
+	client := elasticloadbalancingv2.New(elasticloadbalancingv2.Options{
 		Region:       "eu-west-1",
 		BaseEndpoint: aws.String(s.URL),
 		Credentials:  aws.AnonymousCredentials{},

@@ -31,7 +31,7 @@ import (
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/config"
-	elb "github.com/aws/aws-sdk-go-v2/service/elasticloadbalancingv2"
+	"github.com/aws/aws-sdk-go-v2/service/elasticloadbalancingv2"
 
 	"github.com/mythex/infra/infra"
 	"github.com/mythex/infra/internal/cmdflag"
@@ -115,7 +115,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		if err != nil {
 			problems = append(problems, fmt.Sprintf("AWS configuration: %v", err))
 		}
-		client := elb.NewFromConfig(awsCfg, func(o *elb.Options) {
+		client := elasticloadbalancingv2.NewFromConfig(awsCfg, func(o *elasticloadbalancingv2.Options) {
 			if *endpoint != "" {
 				o.BaseEndpoint = aws.String(*endpoint)
 			}
