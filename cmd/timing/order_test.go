@@ -217,12 +217,12 @@ func TestDeployWorkflowFollowsTheVerdict(t *testing.T) {
 	var rollout string
 	for name, job := range wf.Jobs {
 		for _, s := range job.Steps {
-			if strings.Contains(s.Run, "hooks/rollout ") {
+			if strings.Contains(s.Run, "./cmd/rollout") {
 				rollout = name
 			}
 		}
 	}
-	require.NotEmpty(t, rollout, "deploy.yml no longer runs hooks/rollout")
+	require.NotEmpty(t, rollout, "deploy.yml no longer runs the rollout (cmd/rollout)")
 	assert.True(t, dependsOn(rollout, orderJob), "the rollout waits for the verdict")
 
 	ups := map[string]string{} // "before"/"after" → job
