@@ -81,7 +81,7 @@ func TestTimeline(t *testing.T) {
 		{
 			name:  "prod",
 			tm:    infra.Prod(),
-			terms: []string{"SIGTERM", "WorstCaseDetection", "Drain", "ShutdownDeadline", "StopGracePeriod"},
+			terms: []string{"SIGTERM", "EarliestDrainEnd", "WorstCaseDetection", "Drain", "ShutdownDeadline", "MaxDrain", "MaxShutdownDeadline", "StopGracePeriod"},
 			want:  map[string]string{"WorstCaseDetection": "has noticed:", "StopGracePeriod": "never reached"},
 		},
 		{
@@ -91,7 +91,7 @@ func TestTimeline(t *testing.T) {
 				tm.Drain = tm.WorstCaseDetection() - 2*time.Second
 				return tm
 			}(),
-			terms: []string{"SIGTERM", "Drain", "WorstCaseDetection", "ShutdownDeadline", "StopGracePeriod"},
+			terms: []string{"SIGTERM", "EarliestDrainEnd", "Drain", "WorstCaseDetection", "ShutdownDeadline", "MaxDrain", "MaxShutdownDeadline", "StopGracePeriod"},
 			want:  map[string]string{"WorstCaseDetection": "502"},
 		},
 		{
@@ -101,8 +101,18 @@ func TestTimeline(t *testing.T) {
 				tm.StopGracePeriod = tm.ShutdownDeadline() - time.Second
 				return tm
 			}(),
-			terms: []string{"SIGTERM", "WorstCaseDetection", "Drain", "StopGracePeriod", "ShutdownDeadline"},
+			terms: []string{"SIGTERM", "EarliestDrainEnd", "WorstCaseDetection", "Drain", "StopGracePeriod", "ShutdownDeadline", "MaxDrain", "MaxShutdownDeadline"},
 			want:  map[string]string{"StopGracePeriod": "exit 137"},
+		},
+		{
+			name: "grace shorter than a drain to MaxDrain: killed mid-shutdown after it",
+			tm: func() infra.Timing {
+				tm := infra.Prod()
+				tm.StopGracePeriod = tm.MaxShutdownDeadline()
+				return tm
+			}(),
+			terms: []string{"SIGTERM", "EarliestDrainEnd", "WorstCaseDetection", "Drain", "ShutdownDeadline", "MaxDrain", "MaxShutdownDeadline", "StopGracePeriod"},
+			want:  map[string]string{"StopGracePeriod": "ran to MaxDrain is still shutting down (exit 137)"},
 		},
 	}
 	for _, tt := range tests {
@@ -123,6 +133,9 @@ func TestTimeline(t *testing.T) {
 			assert.Equal(t, tt.tm.ListenerCloses(), at(events, "Drain"))
 			assert.Equal(t, tt.tm.ShutdownDeadline(), at(events, "ShutdownDeadline"))
 			assert.Equal(t, tt.tm.StopGracePeriod, at(events, "StopGracePeriod"))
+			assert.Equal(t, tt.tm.EarliestDrainEnd(), at(events, "EarliestDrainEnd"))
+			assert.Equal(t, tt.tm.MaxDrain, at(events, "MaxDrain"))
+			assert.Equal(t, tt.tm.MaxShutdownDeadline(), at(events, "MaxShutdownDeadline"))
 		})
 	}
 }

@@ -25,16 +25,23 @@ func Timeline(t infra.Timing) []Event {
 	detect := t.WorstCaseDetection()
 	events := []Event{
 		{0, "SIGTERM", "health answers 503; real requests are still served"},
+		{t.EarliestDrainEnd(), "EarliestDrainEnd", "the soonest the drain ends on evidence: every node has failed its checks and no request has come for DrainQuiet"},
 		{detect, "WorstCaseDetection", "the balancer has noticed: every node has stopped routing here"},
-		{t.ListenerCloses(), "Drain", "the listener closes; in-flight requests go on"},
+		{t.ListenerCloses(), "Drain", "the listener closes, unless requests still arrive; in-flight requests go on"},
 		{t.ShutdownDeadline(), "ShutdownDeadline", "in-flight requests are done (any still running are cut) and the process exits"},
-		{t.StopGracePeriod, "StopGracePeriod", fmt.Sprintf("Docker would send SIGKILL; never reached, the process exited %s before", FormatDuration(t.KillSlack()))},
+		{t.MaxDrain, "MaxDrain", "the latest the listener closes, with requests still arriving (logged as an error)"},
+		{t.MaxShutdownDeadline(), "MaxShutdownDeadline", "after a drain that ran to MaxDrain, in-flight requests are done and the process exits"},
+		{t.StopGracePeriod, "StopGracePeriod", fmt.Sprintf("Docker would send SIGKILL; never reached, the process exited %s before (%s after a drain that ran to MaxDrain)",
+			FormatDuration(t.KillSlack()), FormatDuration(t.StopGracePeriod-t.MaxShutdownDeadline()))},
 	}
 	if detect >= t.ListenerCloses() {
-		events[1].What = "the balancer has noticed, too late: it sent requests to a closed listener (502s) since Drain"
+		events[2].What = "the balancer has noticed, too late: it sent requests to a closed listener (502s) since Drain"
 	}
-	if t.KillSlack() <= 0 {
-		events[4].What = "Docker sends SIGKILL while the shutdown is still running (exit 137)"
+	switch {
+	case t.KillSlack() <= 0:
+		events[7].What = "Docker sends SIGKILL while the shutdown is still running (exit 137)"
+	case t.StopGracePeriod <= t.MaxShutdownDeadline():
+		events[7].What = "Docker sends SIGKILL while a drain that ran to MaxDrain is still shutting down (exit 137)"
 	}
 	// Stable: equal times keep the causal order written above.
 	sort.SliceStable(events, func(i, j int) bool { return events[i].At < events[j].At })
@@ -81,6 +88,9 @@ func writeGantt(w io.Writer, t infra.Timing) error {
 	task("answers 503", "active", "h503", 0, deadline)
 	b.WriteString("    section Server\n")
 	task("serves real traffic (Drain)", "", "serve", 0, closes)
+	if t.MaxDrain > closes {
+		task(fmt.Sprintf("serves on while requests still arrive, up to MaxDrain %s", FormatDuration(t.MaxDrain)), "active", "extend", closes, t.MaxDrain)
+	}
 	task("listener closed, in-flight finish (ShutdownTimeout)", "", "inflight", closes, deadline)
 	if deadline < kill {
 		task(fmt.Sprintf("exited, %s before SIGKILL", FormatDuration(kill-deadline)), "done", "slack", deadline, kill)

@@ -11,6 +11,9 @@
 //	                              answers 503 at once; every other route
 //	                              is served normally, and every response
 //	                              closes its connection
+//	t=6s      EarliestDrainEnd    the soonest the drain ends on evidence
+//	                              (see Server): every balancer node has
+//	                              failed its checks, no request for 1s
 //	t=13s     WorstCaseDetection  every balancer node has seen 2
 //	                              failed checks (5s apart, the last
 //	                              taking its 3s timeout) and stopped
@@ -21,8 +24,11 @@
 //	t=25s     ShutdownDeadline    ShuttingDown → Stopped at the latest:
 //	                              requests still running are cut and
 //	                              logged; the process exits 0
+//	t=25s     MaxDrain            the latest the listener closes when
+//	                              requests still arrive after Drain
 //	t=40s     StopGracePeriod     Docker's SIGKILL, never reached: the
-//	                              process exited 15s before
+//	                              process exited 15s before, or
+//	                              5s after a drain to MaxDrain
 //
 // The drain outlasts detection by 2s: no request reaches a
 // closed listener. Each phase change is logged (log/slog) with how long the

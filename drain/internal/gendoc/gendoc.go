@@ -58,6 +58,9 @@ var docTemplate = template.Must(template.New("doc").Funcs(template.FuncMap{"sec"
 //	{{col "" ""}}answers 503 at once; every other route
 //	{{col "" ""}}is served normally, and every response
 //	{{col "" ""}}closes its connection
+//	{{col (sec .T.EarliestDrainEnd) "EarliestDrainEnd"}}the soonest the drain ends on evidence
+//	{{col "" ""}}(see Server): every balancer node has
+//	{{col "" ""}}failed its checks, no request for {{sec .T.DrainQuiet}}
 //	{{col (sec .T.WorstCaseDetection) "WorstCaseDetection"}}every balancer node has seen {{.T.UnhealthyThreshold}}
 //	{{col "" ""}}failed checks ({{sec .T.HealthCheckInterval}} apart, the last
 //	{{col "" ""}}taking its {{sec .T.HealthCheckTimeout}} timeout) and stopped
@@ -68,8 +71,11 @@ var docTemplate = template.Must(template.New("doc").Funcs(template.FuncMap{"sec"
 //	{{col (sec .T.ShutdownDeadline) "ShutdownDeadline"}}ShuttingDown → Stopped at the latest:
 //	{{col "" ""}}requests still running are cut and
 //	{{col "" ""}}logged; the process exits 0
+//	{{col (sec .T.MaxDrain) "MaxDrain"}}the latest the listener closes when
+//	{{col "" ""}}requests still arrive after Drain
 //	{{col (sec .T.StopGracePeriod) "StopGracePeriod"}}Docker's SIGKILL, never reached: the
-//	{{col "" ""}}process exited {{sec .T.KillSlack}} before
+//	{{col "" ""}}process exited {{sec .T.KillSlack}} before, or
+//	{{col "" ""}}{{sec .T.KillMargin}} after a drain to MaxDrain
 //
 // The drain outlasts detection by {{sec .T.DrainMargin}}: no request reaches a
 // closed listener. Each phase change is logged (log/slog) with how long the
