@@ -399,6 +399,30 @@ dq() {
   bounded "$MYTHEX_START_TIMEOUT_MS" docker "$@"
 }
 
+# definition_grace sets GRACE_S to the stop_grace_period, in whole seconds,
+# that the compose definition in directory $1 gives every service: what
+# compose up --timeout stops the containers it replaces with. The contract
+# has old containers stop under the new definition's grace; docker-compose
+# v1 does that by itself, the compose plugin uses each old container's own
+# unless told. The definition is our rendering, one line per service.
+definition_grace() {
+  local file="$1/$COMPOSE_NAME" line grace=""
+  GRACE_S=""
+  while IFS= read -r line; do
+    [[ "$line" =~ ^[[:space:]]+stop_grace_period:[[:space:]]*([0-9]+)s[[:space:]]*$ ]] || continue
+    if [[ -n "$grace" && "$grace" != "${BASH_REMATCH[1]}" ]]; then
+      err "$file gives its services different stop_grace_periods (${grace}s, ${BASH_REMATCH[1]}s)"
+      return 1
+    fi
+    grace="${BASH_REMATCH[1]}"
+  done <"$file"
+  if [[ -z "$grace" ]]; then
+    err "$file gives no stop_grace_period in whole seconds"
+    return 1
+  fi
+  GRACE_S="$grace"
+}
+
 # compose_cmd sets COMPOSE_ARGV to run docker compose (or docker-compose) on
 # the release in directory $1. Its variables come from that release's
 # deployed.env alone, so a deploy and a later watchdog restart interpolate
