@@ -46,6 +46,15 @@ func TestConfigFromEnvReportsEveryProblem(t *testing.T) {
 			"MYTHEX_SHUTDOWN_TIMEOUT is not set", "MYTHEX_KEEPALIVE is not set",
 			"MYTHEX_READ_HEADER_TIMEOUT is not set", "MYTHEX_READ_TIMEOUT is not set", "MYTHEX_WRITE_TIMEOUT is not set",
 			"MYTHEX_MAX_HEADER_BYTES is not set", "MYTHEX_MAX_REQUEST is not set",
+			"MYTHEX_DRAIN_EVIDENCE is not set", "MYTHEX_HEALTH_CHECK_INTERVAL is not set",
+			"MYTHEX_HEALTH_CHECK_TIMEOUT is not set", "MYTHEX_UNHEALTHY_THRESHOLD is not set",
+			"MYTHEX_DRAIN_QUIET is not set", "MYTHEX_QUIET_REQUESTS is not set", "MYTHEX_MAX_DRAIN is not set",
+		}},
+		{"evidence switch not a boolean", with("MYTHEX_DRAIN_EVIDENCE=maybe"), []string{"MYTHEX_DRAIN_EVIDENCE", `"maybe"`}},
+		{"evidence numbers that cannot work", with("MYTHEX_MAX_DRAIN=10s", "MYTHEX_QUIET_REQUESTS=0", "MYTHEX_DRAIN_QUIET=0s",
+			"MYTHEX_UNHEALTHY_THRESHOLD=0", "MYTHEX_HEALTH_CHECK_INTERVAL=-5s"), []string{
+			"MaxDrain 10s must not be below Drain 15s", "QuietRequests 0 must be positive", "DrainQuiet 0s must be positive",
+			"UnhealthyThreshold 0 must be positive", "HealthCheckInterval -5s must be positive",
 		}},
 		{"bad values", with("MYTHEX_HEALTHY_STATUS=ok", "MYTHEX_DRAIN=15", "MYTHEX_KEEPALIVE=soon"), []string{
 			"MYTHEX_HEALTHY_STATUS", `"ok"`, "MYTHEX_DRAIN", `"15"`, "MYTHEX_KEEPALIVE", `"soon"`,
