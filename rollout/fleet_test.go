@@ -31,6 +31,9 @@ type server struct {
 type fleet struct {
 	mu       sync.Mutex
 	servers  map[string]*server
+	// locks are the servers' locks: a deploy or rollback holds its
+	// server's, and --status waits for it, as remote-deploy's do.
+	locks map[string]*sync.Mutex
 	maxOut   int
 	calls    []string // "deploy s1", "rollback s2", in start order
 	deadline map[string]time.Duration
@@ -46,10 +49,12 @@ type fleet struct {
 
 func newFleet(states map[string]server) *fleet {
 	f := &fleet{servers: map[string]*server{}, deployFails: map[string]bool{}, rollbackFails: map[string]bool{},
-		block: map[string]chan struct{}{}, started: make(chan string, 16), cut: map[string]bool{}, deadline: map[string]time.Duration{}}
+		block: map[string]chan struct{}{}, started: make(chan string, 16), cut: map[string]bool{}, deadline: map[string]time.Duration{},
+		locks: map[string]*sync.Mutex{}}
 	for name, s := range states {
 		s.out = !s.verified
 		f.servers[name] = &s
+		f.locks[name] = &sync.Mutex{}
 	}
 	f.count()
 	return f
@@ -67,6 +72,8 @@ func (f *fleet) count() {
 }
 
 func (f *fleet) Status(_ context.Context, name string) (rollout.Status, error) {
+	f.locks[name].Lock()
+	defer f.locks[name].Unlock()
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	s := f.servers[name]
@@ -101,6 +108,8 @@ func (f *fleet) start(ctx context.Context, kind, name string) error {
 }
 
 func (f *fleet) Deploy(ctx context.Context, name, version string) error {
+	f.locks[name].Lock()
+	defer f.locks[name].Unlock()
 	err := f.start(ctx, "deploy", name)
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -118,6 +127,8 @@ func (f *fleet) Deploy(ctx context.Context, name, version string) error {
 }
 
 func (f *fleet) Rollback(ctx context.Context, name, version string) error {
+	f.locks[name].Lock()
+	defer f.locks[name].Unlock()
 	_ = f.start(ctx, "rollback", name)
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -326,6 +337,34 @@ func TestCancelStartsNothingNew(t *testing.T) {
 	f.mu.Unlock()
 	assert.Equal(t, []string{"s1"}, f.callsOf("deploy"), "nothing new started after the cancel")
 	assert.Empty(t, f.callsOf("rollback"))
+}
+
+// After a cancel the next run goes on at once: it waits for the deploy the
+// cancelled run left finishing (the server's lock), skips the server it
+// verified, and deploys the rest; across both runs no more than
+// -max-unavailable servers were out at once.
+func TestRunAfterCancelConverges(t *testing.T) {
+	f := newFleet(map[string]server{"s1": healthy(), "s2": healthy(), "s3": healthy()})
+	release := make(chan struct{})
+	f.block["s1"] = release
+	ctx, cancel := context.WithCancel(context.Background())
+	first := make(chan rollout.Report)
+	go func() { first <- rollout.Run(ctx, cfg(f, 1, "s1", "s2", "s3")) }()
+	require.Equal(t, "deploy s1", <-f.started)
+	cancel()
+	require.Equal(t, rollout.Cancelled, (<-first).Outcome)
+
+	f.mu.Lock()
+	delete(f.block, "s1")
+	f.mu.Unlock()
+	second := make(chan rollout.Report)
+	go func() { second <- rollout.Run(context.Background(), cfg(f, 1, "s1", "s2", "s3")) }()
+	close(release) // the first run's deploy ends while the second asks
+	rep := <-second
+	assert.Equal(t, rollout.Deployed, rep.Outcome)
+	assert.Equal(t, []string{"skipped: already on v2"}, byServer(rep)["s1"].What)
+	assert.Equal(t, []string{"s1", "s2", "s3"}, f.callsOf("deploy"), "s1 deployed once, by the cancelled run")
+	assert.LessOrEqual(t, f.maxOut, 1)
 }
 
 // Finding 1: a batch's bound was armed only after a signal. Here every

@@ -353,8 +353,9 @@ func (r *run) rollout() string {
 }
 
 // nextBatch takes the next servers of todo: one for the canary, else up to
-// MaxUnavailable, and no more healthy ones than the servers out now leave
-// room for. Empty when there is no room.
+// MaxUnavailable; the servers already out in batches of their own, and no
+// more healthy ones than the servers out now leave room for. Empty when
+// there is no room.
 func (r *run) nextBatch(todo []string, canary bool) []string {
 	limit := r.cfg.MaxUnavailable
 	if canary {
@@ -371,7 +372,9 @@ func (r *run) nextBatch(todo []string, canary bool) []string {
 		isOut := r.out[s]
 		r.mu.Unlock()
 		if !isOut {
-			if outNow+added+1 > r.cfg.MaxUnavailable {
+			// The servers out go in batches of their own: a healthy one
+			// waits until they are back.
+			if len(b) > 0 && added == 0 || outNow+added+1 > r.cfg.MaxUnavailable {
 				break
 			}
 			added++
