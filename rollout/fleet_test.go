@@ -29,11 +29,11 @@ type server struct {
 // scripted per server; it counts how many servers are out at once, from its
 // own view, not the rollout's.
 type fleet struct {
-	mu       sync.Mutex
-	servers  map[string]*server
+	mu      sync.Mutex
+	servers map[string]*server
 	// locks are the servers' locks: a deploy or rollback holds its
 	// server's, and --status waits for it, as remote-deploy's do.
-	locks map[string]*sync.Mutex
+	locks    map[string]*sync.Mutex
 	maxOut   int
 	calls    []string // "deploy s1", "rollback s2", in start order
 	deadline map[string]time.Duration
