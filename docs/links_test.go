@@ -48,6 +48,24 @@ func TestLinksResolve(t *testing.T) {
 	assert.Positive(t, checked, "no link found: the link parser reads nothing")
 }
 
+// TestReadmeLinksEveryDoc: a page in docs/ that the README does not link is
+// a page a newcomer never finds.
+func TestReadmeLinksEveryDoc(t *testing.T) {
+	root := repoRoot(t)
+	linked := map[string]bool{}
+	readme := filepath.Join(root, "README.md")
+	for _, l := range links(t, readme) {
+		path, _, _ := strings.Cut(l.dest, "#")
+		if !isExternal(path) && path != "" {
+			linked[filepath.Join(root, filepath.FromSlash(path))] = true
+		}
+	}
+	for _, page := range markdownFiles(t, root)[1:] {
+		rel, _ := filepath.Rel(root, page)
+		assert.True(t, linked[page], "README.md does not link %s: add it to the README's Documentation table", rel)
+	}
+}
+
 // TestReferencesResolve: every mention of a docs/ page anywhere in the
 // repository — a comment, an error message, a script — names a page that
 // exists, and its #anchor, if any, a heading of that page.
