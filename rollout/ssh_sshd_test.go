@@ -3,8 +3,10 @@ package rollout_test
 import (
 	"bytes"
 	"context"
+	"net"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -123,5 +125,103 @@ func TestSSHDropIsSSHsFailure(t *testing.T) {
 		require.ErrorIs(t, err, rollout.ErrSSH)
 	case <-time.After(time.Minute):
 		t.Fatal("the transport did not end after its connection dropped")
+	}
+}
+
+// stallProxy forwards loopback connections to target until Stall, after
+// which it passes nothing either way and closes nothing: a network path
+// that went silent, which only keep-alives notice.
+type stallProxy struct {
+	port    int
+	stalled chan struct{}
+	once    sync.Once
+}
+
+func startStallProxy(t *testing.T, target string) *stallProxy {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	p := &stallProxy{port: l.Addr().(*net.TCPAddr).Port, stalled: make(chan struct{})}
+	var conns []net.Conn
+	var mu sync.Mutex
+	t.Cleanup(func() {
+		_ = l.Close()
+		mu.Lock()
+		defer mu.Unlock()
+		for _, c := range conns {
+			_ = c.Close()
+		}
+	})
+	pipe := func(dst, src net.Conn) {
+		buf := make([]byte, 32<<10)
+		for {
+			n, err := src.Read(buf)
+			select {
+			case <-p.stalled:
+				return // drop it, close nothing
+			default:
+			}
+			if err != nil {
+				_ = dst.Close()
+				return
+			}
+			if _, err := dst.Write(buf[:n]); err != nil {
+				return
+			}
+		}
+	}
+	go func() {
+		for {
+			in, err := l.Accept()
+			if err != nil {
+				return
+			}
+			out, err := net.Dial("tcp", target)
+			if err != nil {
+				_ = in.Close()
+				continue
+			}
+			mu.Lock()
+			conns = append(conns, in, out)
+			mu.Unlock()
+			go pipe(out, in)
+			go pipe(in, out)
+		}
+	}()
+	return p
+}
+
+func (p *stallProxy) Stall() { p.once.Do(func() { close(p.stalled) }) }
+
+// Finding 1: a stalled ssh connection held the bash rollout until the
+// job's timeout. Here ssh's keep-alives, paced by the contract, end it
+// long before the call's own bound.
+func TestSSHStalledConnectionEndsByKeepAlives(t *testing.T) {
+	s, d, out, _ := overSSH(t)
+	// The contract's keep-alive pace, quickened for the test: the
+	// balancer's check interval is what it derives from.
+	s.Timing.HealthCheckInterval = time.Second
+	proxy := startStallProxy(t, "127.0.0.1:"+strconv.Itoa(d.Relay.Port))
+	b, err := os.ReadFile(s.Config)
+	require.NoError(t, err)
+	cfg := strings.ReplaceAll(string(b), "Port "+strconv.Itoa(d.Relay.Port), "Port "+strconv.Itoa(proxy.port))
+	require.NoError(t, os.WriteFile(s.Config, []byte(cfg), 0o600))
+
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- s.Deploy(ctx, "s1", "hang") }()
+	require.Eventually(t, func() bool { return strings.Contains(out.String(), "[s1] started") }, time.Minute, 10*time.Millisecond)
+	proxy.Stall()
+	stalled := time.Now()
+	// ssh gives up after ServerAliveCountMax unanswered keep-alives, one
+	// per ServerAliveInterval; twice that leaves a busy machine room.
+	patience := time.Duration(s.Timing.SSHAliveCountMax()+1) * s.Timing.SSHAliveInterval()
+	select {
+	case err := <-done:
+		require.ErrorIs(t, err, rollout.ErrSSH)
+		assert.Less(t, time.Since(stalled), 2*patience+5*time.Second)
+	case <-time.After(time.Minute):
+		t.Fatal("a stalled connection held the call past its keep-alives")
 	}
 }
