@@ -119,12 +119,12 @@ func TestConfigValidate(t *testing.T) {
 		Profiles: []string{ProfileProd, ProfileBefore}, Path: "/work"}
 	require.NoError(t, good.Validate())
 
-	bad := Config{Scale: 0.25, Profiles: []string{"prod", "nope"}, Path: "/healthz", Nodes: 1}
+	bad := Config{Scale: 0.33, Profiles: []string{"prod", "nope"}, Path: "/healthz", Nodes: 1}
 	err := bad.Validate()
 	require.Error(t, err)
 	for _, want := range []string{
 		"RepoRoot is empty", "Servers 0", "Deploys 0", "Rate 0",
-		`Path "/healthz" is the health endpoint`, "profile prod: scale 0.25", `profile "nope": unknown`,
+		`Path "/healthz" is the health endpoint`, "profile prod: scale 0.33", `profile "nope": unknown`,
 		"Nodes 1 must be at least 2",
 	} {
 		assert.ErrorContains(t, err, want)

@@ -18,7 +18,7 @@ func TestRunRefusesBadInputBeforeTouchingAnything(t *testing.T) {
 		args []string
 		want []string
 	}{
-		{"scale Docker cannot take", []string{"-scale", "0.25"}, []string{"StopGracePeriod 30s × 0.25 = 7.5s", "one-second resolution"}},
+		{"scale Docker cannot take", []string{"-scale", "0.33"}, []string{"StopGracePeriod 40s × 0.33 = 13.2s", "one-second resolution"}},
 		{"unknown profile", []string{"-profiles", "prod,staging"}, []string{`profile "staging": unknown`}},
 		{"every problem at once", []string{"-servers", "0", "-deploys", "0", "-rate", "0", "-path", "/healthz"}, []string{
 			"Servers 0", "Deploys 0", "Rate 0", `Path "/healthz" is the health endpoint`,
@@ -27,8 +27,8 @@ func TestRunRefusesBadInputBeforeTouchingAnything(t *testing.T) {
 		{"one node", []string{"-nodes", "1"}, []string{"Nodes 1 must be at least 2"}},
 		{"transition with what it does not take", []string{"-transition", "-deploys", "3", "-matrix", "-profiles", "prod"},
 			[]string{"-transition rolls one change out once per order; it does not take -matrix, -profiles, -deploys"}},
-		{"transition at a scale Docker cannot take", []string{"-transition", "-scale", "0.25", "-nodes", "1"}, []string{
-			"old timing: scale 0.25 makes StopGracePeriod 30s × 0.25 = 7.5s", "Nodes 1 must be at least 2",
+		{"transition at a scale Docker cannot take", []string{"-transition", "-scale", "0.33", "-nodes", "1"}, []string{
+			"old timing: scale 0.33 makes StopGracePeriod 40s × 0.33 = 13.2s", "Nodes 1 must be at least 2",
 		}},
 		{"transition over ssh", []string{"-transition", "-ssh"}, []string{"it does not take -ssh"}},
 		{"unknown flag", []string{"-k", "3"}, []string{"flag provided but not defined: -k"}},
