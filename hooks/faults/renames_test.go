@@ -17,6 +17,7 @@ import (
 	"github.com/mythex/infra/drain"
 	"github.com/mythex/infra/hooks"
 	"github.com/mythex/infra/internal/dockerlock"
+	"github.com/mythex/infra/internal/needs"
 )
 
 // changedDefinition is s publishing another release: the same images and
@@ -114,6 +115,7 @@ func deployKilledAfterRename(t *testing.T, s hooks.Server, version, mvDir, patte
 // its checksum were installed by two renames: killed between them, the
 // watchdog refused every restart until someone deployed again.
 func TestDeployKilledAfterEachRename(t *testing.T) {
+	needs.Have(t, needs.Docker)
 	dockerlock.Parallel(t, 1)
 	tag := images(t)
 	s := newServer(t)

@@ -8,10 +8,12 @@
 // drains, and a healthy container is reported unhealthy. So a suite takes
 // this lock before its first container and keeps it until its test binary
 // exits; the kernel releases it then, even after a crash. Suites on one
-// machine then take turns, whichever clone or checkout they run from.
+// machine then take turns, whichever clone or checkout they run from, and
+// cmd/rehearse takes its turn with them (Take).
 package dockerlock
 
 import (
+	"context"
 	"flag"
 	"fmt"
 	"os"
@@ -41,16 +43,37 @@ var (
 // -timeout. It fails tb if the lock cannot be taken at all.
 func Hold(tb testing.TB) {
 	tb.Helper()
-	once.Do(func() { holdErr = take(tb) })
-	if holdErr != nil {
-		tb.Fatalf("the machine-wide Docker test lock: %v", holdErr)
+	if short() {
+		// The everyday gate (-short) runs no Docker test; one that reached
+		// here checked its needs too late, and would have waited, silently,
+		// for whichever Docker suite runs on the machine.
+		tb.Fatalf("dockerlock.Hold under -short: a Docker test must call needs.Have(t, needs.Docker) first, which skips it")
+		return
 	}
+	if err := Take(context.Background(), tb.Logf); err != nil {
+		tb.Fatalf("the machine-wide Docker test lock: %v", err)
+	}
+}
+
+// short reports whether the tests run under -short; a variable so this
+// package's own tests can hold the lock in the everyday gate.
+var short = testing.Short
+
+// Take is Hold for a command that drives Docker as the suites do (the
+// rehearsal's): it takes the lock for the rest of the process's life,
+// waiting for whatever holds it, so a run beside the test suites takes its
+// turn instead of loading the machine twice. logf hears when it waits and
+// how long it waited. A ctx that ends while it waits ends the wait with
+// ctx's error; the lock, if it comes later, is let go at once.
+func Take(ctx context.Context, logf func(format string, args ...any)) error {
+	once.Do(func() { holdErr = take(ctx, logf) })
+	return holdErr
 }
 
 // holding reports whether this process holds the lock.
 func holding() bool { return held != nil }
 
-func take(tb testing.TB) error {
+func take(ctx context.Context, logf func(format string, args ...any)) error {
 	// The descriptor stays open until the process exits: that is the hold.
 	f, err := os.OpenFile(Path, os.O_CREATE|os.O_RDWR, 0o666)
 	if err != nil {
@@ -60,15 +83,30 @@ func take(tb testing.TB) error {
 		held = f
 		return nil
 	} else if err != syscall.EWOULDBLOCK {
+		_ = f.Close()
 		return fmt.Errorf("flock %s: %w", Path, err)
 	}
-	tb.Logf("another test suite drives Docker on this machine; waiting for %s", Path)
+	logf("another test suite or rehearsal drives Docker on this machine; waiting for %s", Path)
 	start := time.Now()
-	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX); err != nil {
-		return fmt.Errorf("flock %s: %w", Path, err)
+	got := make(chan error, 1)
+	go func() { got <- syscall.Flock(int(f.Fd()), syscall.LOCK_EX) }()
+	select {
+	case err := <-got:
+		if err != nil {
+			_ = f.Close()
+			return fmt.Errorf("flock %s: %w", Path, err)
+		}
+	case <-ctx.Done():
+		// The blocked flock cannot be called off; closing the file once it
+		// returns lets the lock go.
+		go func() {
+			<-got
+			_ = f.Close()
+		}()
+		return fmt.Errorf("waiting for %s: %w", Path, ctx.Err())
 	}
 	held = f
-	tb.Logf("took %s after %v", Path, time.Since(start).Round(time.Millisecond))
+	logf("took %s after %v", Path, time.Since(start).Round(time.Millisecond))
 	return nil
 }
 
