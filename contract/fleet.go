@@ -68,7 +68,18 @@ type FleetValue struct {
 	Doc string
 }
 
-// FleetValues evaluates infra.RolloutBatches and every fleet method of
+// BatchCounts are package infra's counts of a fleet's batches, in the order
+// the contract shows them, before the durations that multiply them.
+var BatchCounts = []struct {
+	Name  string
+	Count func(servers, maxUnavailable int) int
+}{
+	{"RolloutBatches", infra.RolloutBatches},
+	{"RolloutBatchesMax", infra.RolloutBatchesMax},
+	{"RollbackBatchesMax", infra.RollbackBatchesMax},
+}
+
+// FleetValues evaluates BatchCounts and every fleet method of
 // Timing (src.Fleet, in source order) for f at t. A rollout that
 // infra.CheckRollout refuses is an error.
 func FleetValues(t infra.Timing, f Fleet, src *Source) ([]FleetValue, error) {
@@ -76,11 +87,14 @@ func FleetValues(t infra.Timing, f Fleet, src *Source) ([]FleetValue, error) {
 		return nil, fmt.Errorf("stack %s: %w", f.Stack, err)
 	}
 	call := func(name string) string { return fmt.Sprintf("%s(%d, %d)", name, f.Servers, f.MaxUnavailable) }
-	out := []FleetValue{{
-		Call:  call("RolloutBatches"),
-		Value: strconv.Itoa(infra.RolloutBatches(f.Servers, f.MaxUnavailable)),
-		Doc:   src.FuncDoc["RolloutBatches"],
-	}}
+	var out []FleetValue
+	for _, c := range BatchCounts {
+		out = append(out, FleetValue{
+			Call:  call(c.Name),
+			Value: strconv.Itoa(c.Count(f.Servers, f.MaxUnavailable)),
+			Doc:   src.FuncDoc[c.Name],
+		})
+	}
 	args := []reflect.Value{reflect.ValueOf(f.Servers), reflect.ValueOf(f.MaxUnavailable)}
 	for _, name := range src.Fleet {
 		m := reflect.ValueOf(t).MethodByName(name)

@@ -42,11 +42,13 @@ func prodServers(t *testing.T) int {
 func fleetRows(tm infra.Timing, k, n int) map[string]string {
 	call := func(name string) string { return fmt.Sprintf("%s(%d, %d)", name, k, n) }
 	return map[string]string{
-		call("RolloutBatches"):   strconv.Itoa(infra.RolloutBatches(k, n)),
-		call("RolloutMin"):       contract.FormatDuration(tm.RolloutMin(k, n)),
-		call("RolloutMax"):       contract.FormatDuration(tm.RolloutMax(k, n)),
-		call("RollbackBound"):    contract.FormatDuration(tm.RollbackBound(k, n)),
-		call("FailedRolloutMax"): contract.FormatDuration(tm.FailedRolloutMax(k, n)),
+		call("RolloutBatches"):     strconv.Itoa(infra.RolloutBatches(k, n)),
+		call("RolloutBatchesMax"):  strconv.Itoa(infra.RolloutBatchesMax(k, n)),
+		call("RollbackBatchesMax"): strconv.Itoa(infra.RollbackBatchesMax(k, n)),
+		call("RolloutMin"):         contract.FormatDuration(tm.RolloutMin(k, n)),
+		call("RolloutMax"):         contract.FormatDuration(tm.RolloutMax(k, n)),
+		call("RollbackBound"):      contract.FormatDuration(tm.RollbackBound(k, n)),
+		call("FailedRolloutMax"):   contract.FormatDuration(tm.FailedRolloutMax(k, n)),
 	}
 }
 
@@ -115,8 +117,9 @@ func TestFleetValues(t *testing.T) {
 	for i, v := range vs {
 		calls[i] = v.Call
 	}
-	assert.Equal(t, []string{"RolloutBatches(2, 1)", "RolloutMin(2, 1)", "RolloutMax(2, 1)", "RollbackBound(2, 1)",
-		"FailedRolloutMax(2, 1)"}, calls, "in source order")
+	assert.Equal(t, []string{"RolloutBatches(2, 1)", "RolloutBatchesMax(2, 1)", "RollbackBatchesMax(2, 1)",
+		"RolloutMin(2, 1)", "RolloutMax(2, 1)", "RollbackBound(2, 1)", "FailedRolloutMax(2, 1)"}, calls,
+		"the batch counts, then the durations in source order")
 }
 
 func TestFleetValuesRefuseAnUnsafeRollout(t *testing.T) {
@@ -146,7 +149,7 @@ func TestTextShowsTheFleet(t *testing.T) {
 	for call, value := range fleetRows(tm, k, 1) {
 		assert.Regexp(t, `(?m)^  `+regexp.QuoteMeta(call)+` +`+regexp.QuoteMeta(value)+` +`+call[:strings.Index(call, "(")]+` `, out)
 	}
-	assert.Regexp(t, `(?m)^  BatchMax +`+regexp.QuoteMeta(contract.FormatDuration(tm.BatchMax()))+` +BatchMax bounds`, out, "a derived value")
+	assert.Regexp(t, `(?m)^  RolloutBatchMax +`+regexp.QuoteMeta(contract.FormatDuration(tm.RolloutBatchMax()))+` +RolloutBatchMax bounds`, out, "a derived value")
 
 	src := loadSource(t)
 	var b bytes.Buffer
@@ -180,6 +183,6 @@ func TestMarkdownShowsTheFleet(t *testing.T) {
 		require.NotEmpty(t, doc, name)
 		assert.Contains(t, section, "| `"+call+"` | "+value+" | "+strings.ReplaceAll(doc, "|", `\|`)+" |\n")
 	}
-	assert.Contains(t, md, "| `BatchMax()` | "+contract.FormatDuration(tm.BatchMax())+" | ", "a derived value")
+	assert.Contains(t, md, "| `RolloutBatchMax()` | "+contract.FormatDuration(tm.RolloutBatchMax())+" | ", "a derived value")
 	assert.Less(t, strings.Index(md, "\n## Derived values"), strings.Index(md, "\n## Fleet rollout"), "after the values it is made of")
 }

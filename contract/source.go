@@ -294,8 +294,10 @@ func (s *Source) check() error {
 			errs = append(errs, fmt.Errorf("method Timing.%s has no doc comment", name))
 		}
 	}
-	if s.FuncDoc["RolloutBatches"] == "" {
-		errs = append(errs, errors.New("func RolloutBatches has no doc comment"))
+	for _, c := range BatchCounts {
+		if s.FuncDoc[c.Name] == "" {
+			errs = append(errs, fmt.Errorf("func %s has no doc comment", c.Name))
+		}
 	}
 	for _, name := range []string{"HealthPath", "HealthyStatus"} {
 		if s.ConstDoc[name] == "" {

@@ -67,6 +67,8 @@ func TestLoadSourceReadsEveryField(t *testing.T) {
 		assert.NotContains(t, src.Derived, name)
 	}
 	assert.True(t, strings.HasPrefix(src.FuncDoc["RolloutBatches"], "RolloutBatches is how many batches"), src.FuncDoc["RolloutBatches"])
+	assert.True(t, strings.HasPrefix(src.FuncDoc["RolloutBatchesMax"], "RolloutBatchesMax is the most batches"), src.FuncDoc["RolloutBatchesMax"])
+	assert.True(t, strings.HasPrefix(src.FuncDoc["RollbackBatchesMax"], "RollbackBatchesMax is the most batches"), src.FuncDoc["RollbackBatchesMax"])
 	assert.Contains(t, src.FuncDoc, "CheckRollout")
 	assert.NotContains(t, src.FuncDoc, "RolloutMin", "a method is not a function of the package")
 	assert.Contains(t, src.Rules, infra.RuleDrainOutlasts)
@@ -162,6 +164,11 @@ func TestLoadSourceFailsLoudly(t *testing.T) {
 			name:    "doc of RolloutBatches removed",
 			edit:    func(s string) string { return dropCommentAbove(s, "func RolloutBatches(") },
 			wantErr: []string{"func RolloutBatches has no doc comment"},
+		},
+		{
+			name:    "doc of RollbackBatchesMax removed",
+			edit:    func(s string) string { return dropCommentAbove(s, "func RollbackBatchesMax(") },
+			wantErr: []string{"func RollbackBatchesMax has no doc comment"},
 		},
 		{
 			name: "the source has a fleet value the binary does not",

@@ -62,6 +62,8 @@ func (t Timing) ReentryWaitMax() time.Duration {
 // servers' remote calls side by side (RemoteDeployMax), then their waits
 // for re-entry side by side (ReentryWaitMax). A batch still running after
 // that has failed; its servers' deploys run on to their end on the servers.
+// It is the one bound on a batch: RolloutMax and RollbackBound count their
+// batches at it.
 func (t Timing) RolloutBatchMax() time.Duration {
 	return t.RemoteDeployMax() + t.ReentryWaitMax()
 }

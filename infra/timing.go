@@ -432,14 +432,6 @@ func (t Timing) ServerDeployMax() time.Duration {
 	return t.LockWait + t.DeployDowntime() + t.Reentry()
 }
 
-// BatchMax bounds one batch of a rollout or a rollback: ServerDeployMax for
-// its servers' deploys, which run side by side, then ReentryWait for the
-// balancer's verdicts on them, awaited side by side too. A batch still
-// running after that has failed.
-func (t Timing) BatchMax() time.Duration {
-	return t.ServerDeployMax() + t.ReentryWait()
-}
-
 // DefaultMaxUnavailable is the rollout's --max-unavailable when none is
 // given: one server out of service at a time.
 const DefaultMaxUnavailable = 1
@@ -466,9 +458,10 @@ func (e *InvalidRolloutError) Error() string {
 // a time with no canary to keep one server up. A lone server is the whole
 // fleet, whatever maxUnavailable says.
 //
-// RolloutBatches and the Timing methods that count batches panic on a
-// rollout CheckRollout refuses: callers check their input first, as the
-// rollout checks its flags before it touches a server.
+// RolloutBatches, RolloutBatchesMax, RollbackBatchesMax and the Timing
+// methods that count batches panic on a rollout CheckRollout refuses:
+// callers check their input first, as the rollout checks its flags before
+// it touches a server.
 func CheckRollout(servers, maxUnavailable int) error {
 	var problems []string
 	if servers < 1 {
@@ -492,13 +485,52 @@ func CheckRollout(servers, maxUnavailable int) error {
 // most maxUnavailable of them out of service at once: 1 + ⌈(servers − 1) /
 // maxUnavailable⌉. The first batch is a canary of one server, so a broken
 // release takes one server out, not maxUnavailable; the others go
-// maxUnavailable at a time, the last batch taking what is left.
+// maxUnavailable at a time, the last batch taking what is left. That is the
+// plan for a fleet that is all in service on another release; what the
+// servers run at the start can add batches (RolloutBatchesMax).
 func RolloutBatches(servers, maxUnavailable int) int {
 	if err := CheckRollout(servers, maxUnavailable); err != nil {
 		panic(err)
 	}
-	rest := servers - 1
-	return 1 + (rest+maxUnavailable-1)/maxUnavailable
+	return batchesAfterOnes(servers, 1, maxUnavailable)
+}
+
+// RolloutBatchesMax is the most batches a rollout runs, whatever its
+// servers run at its start: 3 + ⌈(servers − 3) / maxUnavailable⌉, three
+// batches of one server and then maxUnavailable at a time (as many as there
+// are servers, when there are fewer than three). Servers already on the
+// release and verified are checked in a batch of their own first (one
+// server, at worst, so every other one is deployed); then the canary; then
+// the servers already out of service go in batches of their own, so at
+// worst the last of them is alone in its batch and the healthy servers
+// start a batch of their own after it. RolloutBatches is this count for a
+// fleet all in service on another release; with maxUnavailable 1 every
+// batch holds one server and the two are equal.
+func RolloutBatchesMax(servers, maxUnavailable int) int {
+	if err := CheckRollout(servers, maxUnavailable); err != nil {
+		panic(err)
+	}
+	return batchesAfterOnes(servers, 3, maxUnavailable)
+}
+
+// RollbackBatchesMax is the most batches a rollback runs: 2 + ⌈(servers −
+// 2) / maxUnavailable⌉ (as many as there are servers, when there are fewer
+// than two). A rollback goes back through the batches the rollout deployed,
+// in reverse; it may skip one, never add one. At worst the rollout deployed
+// every server, the canary alone and the last of the servers already out
+// alone: RolloutBatchesMax without the check, which deploys nothing.
+func RollbackBatchesMax(servers, maxUnavailable int) int {
+	if err := CheckRollout(servers, maxUnavailable); err != nil {
+		panic(err)
+	}
+	return batchesAfterOnes(servers, 2, maxUnavailable)
+}
+
+// batchesAfterOnes is how many batches take servers through when the first
+// ones batches hold one server each and the rest hold up to per.
+func batchesAfterOnes(servers, ones, per int) int {
+	ones = min(ones, servers)
+	return ones + (servers-ones+per-1)/per
 }
 
 // RolloutMin is the theoretical minimum time a rollout takes:
@@ -509,31 +541,32 @@ func (t Timing) RolloutMin(servers, maxUnavailable int) time.Duration {
 	return time.Duration(RolloutBatches(servers, maxUnavailable)) * t.ServerDeployMin()
 }
 
-// RolloutMax bounds a rollout that rolls nothing back: RolloutBatches ×
-// BatchMax, every batch at its bound, the last one included even when it
-// fails.
+// RolloutMax bounds a rollout that rolls nothing back, as the rollout
+// bounds its own steps: it asks every server what it runs (StatusMax, side
+// by side), runs at most RolloutBatchesMax batches one after another, each
+// cut at RolloutBatchMax, the last one included even when it fails, and
+// asks every server again at the end (StatusMax): 2 × StatusMax +
+// RolloutBatchesMax × RolloutBatchMax.
 func (t Timing) RolloutMax(servers, maxUnavailable int) time.Duration {
-	return time.Duration(RolloutBatches(servers, maxUnavailable)) * t.BatchMax()
+	return 2*t.StatusMax() + time.Duration(RolloutBatchesMax(servers, maxUnavailable))*t.RolloutBatchMax()
 }
 
 // RollbackBound is the most an automatic rollback adds to a failed
-// rollout's RolloutMax: RolloutBatches × BatchMax. At worst the last batch
-// failed and every server was touched. They go back to their previous
-// release in reverse order, at most maxUnavailable at a time, through the
-// same drain and re-entry, so each batch is bounded like a rollout's (by
-// BatchMax). Going back through the rollout's own batches in reverse takes
-// RolloutBatches of them; regrouping the servers maxUnavailable at a time
-// from the last one takes ⌈servers / maxUnavailable⌉, which is never more,
-// so the bound holds either way.
+// rollout's RolloutMax: RollbackBatchesMax × RolloutBatchMax. At worst the
+// last batch failed and every server was touched. They go back to their
+// previous release through the rollout's own batches in reverse, at most
+// maxUnavailable at a time, through the same drain and re-entry, each batch
+// cut at RolloutBatchMax like a rollout's. The status rounds are
+// RolloutMax's: the rollout asks once more only after its rollback.
 func (t Timing) RollbackBound(servers, maxUnavailable int) time.Duration {
-	return time.Duration(RolloutBatches(servers, maxUnavailable)) * t.BatchMax()
+	return time.Duration(RollbackBatchesMax(servers, maxUnavailable)) * t.RolloutBatchMax()
 }
 
 // FailedRolloutMax bounds a rollout whatever happens: RolloutMax +
-// RollbackBound. A rollout that fails in its b-th batch has run b batches
-// and rolls back at most b, so failing in the last is the worst case. A CI
-// job that runs the rollout needs at least this timeout, or it can be cut
-// mid-rollback.
+// RollbackBound. A rollout that fails in its b-th deploy batch has run b of
+// them and rolls back at most b, so failing in the last is the worst case.
+// A CI job that runs the rollout needs at least this timeout, or it can be
+// cut mid-rollback.
 func (t Timing) FailedRolloutMax(servers, maxUnavailable int) time.Duration {
 	return t.RolloutMax(servers, maxUnavailable) + t.RollbackBound(servers, maxUnavailable)
 }

@@ -361,7 +361,15 @@ func TestDerived(t *testing.T) {
 	assert.Equal(t, 6*time.Second, tm.FirstContainerCheck(), "2s + 4s")
 	assert.Equal(t, 58*time.Second, tm.ServerDeployMin(), "30s + 28s")
 	assert.Equal(t, 278*time.Second, tm.ServerDeployMax(), "3m + 70s + 28s")
-	assert.Equal(t, 344*time.Second, tm.BatchMax(), "278s + 66s")
+	// The rollout's own bounds (rollout.go).
+	assert.Equal(t, 23*time.Second, tm.SSHConnectTimeout(), "WorstCaseDetection")
+	assert.Equal(t, 7*time.Second, tm.SSHAliveInterval(), "the health-check interval")
+	assert.Equal(t, 3, tm.SSHAliveCountMax(), "the unhealthy threshold")
+	assert.Equal(t, 212*time.Second, tm.StatusMax(), "23s + 3m + 9s")
+	assert.Equal(t, 579*time.Second, tm.RemoteDeployMax(), "23s + 2 × 278s")
+	assert.Equal(t, 7*time.Second, tm.ReentryCallMax(), "ReentryPoll")
+	assert.Equal(t, 73*time.Second, tm.ReentryWaitMax(), "66s + 7s")
+	assert.Equal(t, 652*time.Second, tm.RolloutBatchMax(), "579s + 73s")
 	assert.Equal(t, 45*time.Second, tm.RequestDeadline(), "AppKeepAlive")
 }
 
@@ -624,43 +632,60 @@ func TestCheckRollout(t *testing.T) {
 	}
 }
 
-// batchSizes is the rollout's plan spelled out: a canary of one, then up to
-// n at a time.
-func batchSizes(k, n int) []int {
-	sizes := []int{1}
-	for left := k - 1; left > 0; left -= n {
+// batchSizes is the rollout's plan spelled out: ones batches of one
+// server, then up to n at a time.
+func batchSizes(k, ones, n int) []int {
+	var sizes []int
+	left := k
+	for ; left > 0 && len(sizes) < ones; left-- {
+		sizes = append(sizes, 1)
+	}
+	for ; left > 0; left -= n {
 		sizes = append(sizes, min(n, left))
 	}
 	return sizes
 }
 
 func TestRolloutBatches(t *testing.T) {
+	// batches: a canary of one, then N at a time (a fleet all in service).
+	// most: at worst a check batch of one, the canary, the last server
+	// already out alone, then N at a time. rollback: the same without the
+	// check.
 	tests := []struct {
-		servers, maxUnavailable, batches int
+		servers, maxUnavailable, batches, most, rollback int
 	}{
-		{1, 1, 1},  // the canary is the fleet
-		{1, 4, 1},  // so is it whatever N says
-		{2, 1, 2},  // production today: 1, 1
-		{3, 1, 3},  // 1, 1, 1
-		{3, 2, 2},  // 1, 2
-		{4, 2, 3},  // 1, 2, 1: one more than ⌈K / N⌉
-		{5, 2, 3},  // 1, 2, 2
-		{4, 3, 2},  // 1, 3
-		{10, 3, 4}, // 1, 3, 3, 3
-		{10, 4, 4}, // 1, 4, 4, 1
-		{10, 9, 2}, // 1, 9
-		{100, 25, 5},
+		{1, 1, 1, 1, 1},  // the canary is the fleet
+		{1, 4, 1, 1, 1},  // so is it whatever N says
+		{2, 1, 2, 2, 2},  // production today: 1, 1
+		{3, 1, 3, 3, 3},  // 1, 1, 1: with N = 1 the worst case is the plan
+		{3, 2, 2, 3, 3},  // 1, 2; at worst 1, 1, 1
+		{4, 2, 3, 4, 3},  // 1, 2, 1: one more than ⌈K / N⌉; at worst 1, 1, 1, 1 and 1, 1, 2
+		{5, 2, 3, 4, 4},  // 1, 2, 2; at worst 1, 1, 1, 2 and 1, 1, 2, 1
+		{4, 3, 2, 4, 3},  // 1, 3; at worst 1, 1, 1, 1 and 1, 1, 2
+		{10, 3, 4, 6, 5}, // 1, 3, 3, 3; at worst 1, 1, 1, 3, 3, 1 and 1, 1, 3, 3, 2
+		{10, 4, 4, 5, 4}, // 1, 4, 4, 1; at worst 1, 1, 1, 4, 3 and 1, 1, 4, 4
+		{10, 9, 2, 4, 3}, // 1, 9; at worst 1, 1, 1, 7 and 1, 1, 8
+		{100, 25, 5, 7, 6},
 	}
 	for _, tt := range tests {
 		t.Run(fmt.Sprintf("K=%d,N=%d", tt.servers, tt.maxUnavailable), func(t *testing.T) {
-			assert.Equal(t, tt.batches, infra.RolloutBatches(tt.servers, tt.maxUnavailable))
-			sizes := batchSizes(tt.servers, tt.maxUnavailable)
-			assert.Len(t, sizes, tt.batches, "batches %v", sizes)
-			sum := 0
-			for _, s := range sizes {
-				sum += s
+			k, n := tt.servers, tt.maxUnavailable
+			assert.Equal(t, tt.batches, infra.RolloutBatches(k, n), "1 + ⌈(K − 1) / N⌉")
+			assert.Equal(t, tt.most, infra.RolloutBatchesMax(k, n), "min(K, 3) + ⌈(K − min(K, 3)) / N⌉")
+			assert.Equal(t, tt.rollback, infra.RollbackBatchesMax(k, n), "min(K, 2) + ⌈(K − min(K, 2)) / N⌉")
+			for _, c := range []struct {
+				ones, want int
+			}{{1, tt.batches}, {3, tt.most}, {2, tt.rollback}} {
+				sizes := batchSizes(k, c.ones, n)
+				assert.Len(t, sizes, c.want, "%d batch(es) of one, then %d at a time: %v", c.ones, n, sizes)
+				sum := 0
+				for _, s := range sizes {
+					sum += s
+				}
+				assert.Equal(t, k, sum, "every server once: %v", sizes)
 			}
-			assert.Equal(t, tt.servers, sum, "every server once: %v", sizes)
+			assert.LessOrEqual(t, tt.batches, tt.most, "the plan is one of the cases the worst case covers")
+			assert.LessOrEqual(t, tt.rollback, tt.most, "a rollback goes back through deployed batches only")
 		})
 	}
 }
@@ -672,6 +697,8 @@ func TestRolloutFunctionsRefuseWhatCheckRolloutRefuses(t *testing.T) {
 		want := infra.CheckRollout(k, n)
 		require.Error(t, want)
 		assert.PanicsWithErrorf(t, want.Error(), func() { infra.RolloutBatches(k, n) }, "RolloutBatches(%d, %d)", k, n)
+		assert.PanicsWithErrorf(t, want.Error(), func() { infra.RolloutBatchesMax(k, n) }, "RolloutBatchesMax(%d, %d)", k, n)
+		assert.PanicsWithErrorf(t, want.Error(), func() { infra.RollbackBatchesMax(k, n) }, "RollbackBatchesMax(%d, %d)", k, n)
 		assert.Panicsf(t, func() { tm.RolloutMin(k, n) }, "RolloutMin(%d, %d)", k, n)
 		assert.Panicsf(t, func() { tm.RolloutMax(k, n) }, "RolloutMax(%d, %d)", k, n)
 		assert.Panicsf(t, func() { tm.RollbackBound(k, n) }, "RollbackBound(%d, %d)", k, n)
@@ -681,30 +708,39 @@ func TestRolloutFunctionsRefuseWhatCheckRolloutRefuses(t *testing.T) {
 
 func TestRolloutDurations(t *testing.T) {
 	// Apart from Prod, so a factor the formulas drop shows: ServerDeployMin
-	// 58s, BatchMax 344s (TestDerived).
+	// 58s, StatusMax 212s, RolloutBatchMax 652s (TestDerived).
 	tm := infra.Timing{
-		HealthCheckInterval: 7 * time.Second, HealthCheckTimeout: 2 * time.Second, HealthyThreshold: 4,
+		HealthCheckInterval: 7 * time.Second, HealthCheckTimeout: 2 * time.Second,
+		UnhealthyThreshold: 3, HealthyThreshold: 4,
 		NodeSkew: time.Second, Drain: 30 * time.Second, StopGracePeriod: 50 * time.Second,
-		StartTimeout: 20 * time.Second, LockWait: 3 * time.Minute,
+		StartTimeout: 20 * time.Second, LockWait: 3 * time.Minute, EngineWork: 9 * time.Second,
 	}
-	const deployMin, batchMax = 58 * time.Second, 344 * time.Second
+	const deployMin, statusMax, batchMax = 58 * time.Second, 212 * time.Second, 652 * time.Second
 	require.Equal(t, deployMin, tm.ServerDeployMin())
-	require.Equal(t, batchMax, tm.BatchMax())
+	require.Equal(t, statusMax, tm.StatusMax())
+	require.Equal(t, batchMax, tm.RolloutBatchMax())
 	tests := []struct {
-		servers, maxUnavailable, batches int
+		servers, maxUnavailable    int
+		min, max, rollback, failed time.Duration
 	}{
-		{1, 1, 1}, {2, 1, 2}, {3, 2, 2}, {4, 2, 3}, {10, 4, 4},
+		// 1 batch; at worst 1, and 1 rolled back.
+		{1, 1, 58 * time.Second, 1076 * time.Second, 652 * time.Second, 1728 * time.Second},
+		// 2 × 58s; 2 × 212s + 2 × 652s; 2 × 652s.
+		{2, 1, 116 * time.Second, 1728 * time.Second, 1304 * time.Second, 3032 * time.Second},
+		// 2 × 58s; 2 × 212s + 3 × 652s; 3 × 652s.
+		{3, 2, 116 * time.Second, 2380 * time.Second, 1956 * time.Second, 4336 * time.Second},
+		// 3 × 58s; 2 × 212s + 4 × 652s; 3 × 652s.
+		{4, 2, 174 * time.Second, 3032 * time.Second, 1956 * time.Second, 4988 * time.Second},
+		// 4 × 58s; 2 × 212s + 5 × 652s; 4 × 652s.
+		{10, 4, 232 * time.Second, 3684 * time.Second, 2608 * time.Second, 6292 * time.Second},
 	}
 	for _, tt := range tests {
 		t.Run(fmt.Sprintf("K=%d,N=%d", tt.servers, tt.maxUnavailable), func(t *testing.T) {
-			b := time.Duration(tt.batches)
-			assert.Equal(t, b*deployMin, tm.RolloutMin(tt.servers, tt.maxUnavailable), "batches × ServerDeployMin")
-			assert.Equal(t, b*batchMax, tm.RolloutMax(tt.servers, tt.maxUnavailable), "batches × BatchMax")
-			assert.Equal(t, b*batchMax, tm.RollbackBound(tt.servers, tt.maxUnavailable), "batches × BatchMax")
-			assert.Equal(t, 2*b*batchMax, tm.FailedRolloutMax(tt.servers, tt.maxUnavailable), "RolloutMax + RollbackBound")
-			// Regrouped from the last server, a rollback needs ⌈K / N⌉
-			// batches: never more than the bound counts.
-			assert.LessOrEqual(t, (tt.servers+tt.maxUnavailable-1)/tt.maxUnavailable, tt.batches)
+			k, n := tt.servers, tt.maxUnavailable
+			assert.Equal(t, tt.min, tm.RolloutMin(k, n), "RolloutBatches %d × ServerDeployMin", infra.RolloutBatches(k, n))
+			assert.Equal(t, tt.max, tm.RolloutMax(k, n), "2 × StatusMax + RolloutBatchesMax %d × RolloutBatchMax", infra.RolloutBatchesMax(k, n))
+			assert.Equal(t, tt.rollback, tm.RollbackBound(k, n), "RollbackBatchesMax %d × RolloutBatchMax", infra.RollbackBatchesMax(k, n))
+			assert.Equal(t, tt.failed, tm.FailedRolloutMax(k, n), "RolloutMax + RollbackBound")
 		})
 	}
 }
@@ -713,9 +749,10 @@ func TestProdRollout(t *testing.T) {
 	p := infra.Prod()
 	require.NoError(t, infra.CheckRollout(2, infra.DefaultMaxUnavailable))
 	assert.Equal(t, 1, infra.DefaultMaxUnavailable, "one server out at a time unless the rollout is told otherwise")
-	assert.Equal(t, 259*time.Second, p.BatchMax(), "230s + 29s")
+	assert.Equal(t, 148*time.Second, p.StatusMax(), "13s + 2m + 15s")
+	assert.Equal(t, 507*time.Second, p.RolloutBatchMax(), "(13s + 2 × 230s) + (29s + 5s)")
 	assert.Equal(t, 50*time.Second, p.RolloutMin(2, 1), "2 × 25s")
-	assert.Equal(t, 518*time.Second, p.RolloutMax(2, 1), "2 × 259s")
-	assert.Equal(t, 518*time.Second, p.RollbackBound(2, 1))
-	assert.Equal(t, 1036*time.Second, p.FailedRolloutMax(2, 1))
+	assert.Equal(t, 1310*time.Second, p.RolloutMax(2, 1), "2 × 148s + 2 × 507s")
+	assert.Equal(t, 1014*time.Second, p.RollbackBound(2, 1), "2 × 507s")
+	assert.Equal(t, 2324*time.Second, p.FailedRolloutMax(2, 1), "1310s + 1014s: 38m44s")
 }

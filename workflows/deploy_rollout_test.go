@@ -5,6 +5,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"syscall"
@@ -13,6 +14,9 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/mythex/infra/contract"
+	"github.com/mythex/infra/infra"
 )
 
 // The rollout step execs the Go rollout: the runner signals the step's
@@ -82,4 +86,43 @@ chmod +x "$3"
 	b, err := os.ReadFile(notes)
 	require.NoError(t, err)
 	assert.Contains(t, string(b), "got INT", "the runner's SIGINT reached the rollout")
+}
+
+// The rollout job's timeout-minutes covers the longest the rollout may take
+// by its own bounds, a failed rollout rolled back (FailedRolloutMax, for
+// production's servers, Pulumi.prod.yaml's instanceIds, which the step
+// deploys, at the step's default MAX_UNAVAILABLE, the most batches), and the
+// bound the count of 502s after it states (METRICS_WAIT). A shorter timeout
+// cuts a rollback half-way, its servers left on either release. The other
+// steps (checkout, Go, the plugin, the builds, albmetrics' own calls) state
+// no bound: they have what is left.
+func TestRolloutJobTimeoutCoversTheFailedRollout(t *testing.T) {
+	j := load(t, "deploy.yml").Jobs["rollout"]
+	require.Positive(t, j.TimeoutMinutes, "the rollout job sets timeout-minutes")
+	timeout := time.Duration(j.TimeoutMinutes) * time.Minute
+
+	roll := findStep(t, j, "Roll out, a canary then batches, rolled back on a failure")
+	assert.Contains(t, roll.Run, `yq -r '.config["`+infra.KeyInstanceIDs+`"][]' `+contract.ProdStackFile,
+		"the step deploys the servers of the stack file the fleet is read from")
+	m := regexp.MustCompile(`^\$\{\{ vars\.DEPLOY_MAX_UNAVAILABLE \|\| '([0-9]+)' \}\}$`).FindStringSubmatch(roll.Env["MAX_UNAVAILABLE"])
+	require.NotNil(t, m, "MAX_UNAVAILABLE %q: a variable with a default count", roll.Env["MAX_UNAVAILABLE"])
+	maxUnavailable, err := strconv.Atoi(m[1])
+	require.NoError(t, err)
+
+	fleet, err := contract.LoadProdFleet(root)
+	require.NoError(t, err)
+	count := findStep(t, j, "Count the rollout's 502s and 504s at the load balancer")
+	metricsWait, err := time.ParseDuration(count.Env["METRICS_WAIT"])
+	require.NoError(t, err, "METRICS_WAIT")
+
+	tm := infra.Prod()
+	failed := tm.FailedRolloutMax(fleet.Servers, maxUnavailable)
+	need := failed + metricsWait
+	assert.GreaterOrEqual(t, timeout, need,
+		"the rollout job's timeout-minutes %d (%v) must cover FailedRolloutMax(%d, %d) %v + METRICS_WAIT %v = %v: raise it to at least %d",
+		j.TimeoutMinutes, timeout, fleet.Servers, maxUnavailable, contract.FormatDuration(failed), metricsWait, contract.FormatDuration(need),
+		int((need+time.Minute-1)/time.Minute))
+	t.Logf("timeout-minutes %d covers FailedRolloutMax(%d, %d) %v + METRICS_WAIT %v = %v; %v left for the steps that state no bound",
+		j.TimeoutMinutes, fleet.Servers, maxUnavailable, contract.FormatDuration(failed), metricsWait, contract.FormatDuration(need),
+		contract.FormatDuration(timeout-need))
 }

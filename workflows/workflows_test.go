@@ -24,12 +24,15 @@ type workflow struct {
 }
 
 type job struct {
-	Environment string
-	Permissions map[string]string
-	Outputs     map[string]string
-	Uses        string
-	Steps       []step
-	raw         string
+	// TimeoutMinutes is the job's timeout-minutes: the runner cuts the job
+	// there, whatever it is doing.
+	TimeoutMinutes int `yaml:"timeout-minutes"`
+	Environment    string
+	Permissions    map[string]string
+	Outputs        map[string]string
+	Uses           string
+	Steps          []step
+	raw            string
 }
 
 type step struct {

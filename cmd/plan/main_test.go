@@ -165,6 +165,8 @@ func TestPlanShowsTheFleetRollout(t *testing.T) {
 			tm, k, n := infra.Prod(), tt.servers, infra.DefaultMaxUnavailable
 			for _, row := range []struct{ name, value string }{
 				{"RolloutBatches", strconv.Itoa(infra.RolloutBatches(k, n))},
+				{"RolloutBatchesMax", strconv.Itoa(infra.RolloutBatchesMax(k, n))},
+				{"RollbackBatchesMax", strconv.Itoa(infra.RollbackBatchesMax(k, n))},
 				{"RolloutMin", contract.FormatDuration(tm.RolloutMin(k, n))},
 				{"RolloutMax", contract.FormatDuration(tm.RolloutMax(k, n))},
 				{"RollbackBound", contract.FormatDuration(tm.RollbackBound(k, n))},
