@@ -7,7 +7,9 @@ import (
 	"io"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -40,7 +42,13 @@ func TestDeployOutlivesItsCaller(t *testing.T) {
 	s := newServer(t, dockerTiming)
 	deploy(t, s, tag)
 
+	// The SIGHUP comes from the deploy's own mv, the moment it has
+	// switched `current`: sent by the test once it read the deploy's
+	// "replacing" line, it reached a deploy that had already ended whenever
+	// the test was kept off the CPU longer than the rest of the deploy.
+	hupAt := filepath.Join(t.TempDir(), "hup-at")
 	cmd := s.Command(context.Background(), "deploy", next)
+	cmd.Env = append(cmd.Env, hangupAfterMv(t), "HUP_AFTER="+filepath.Join(s.Root, "current"), "HUP_AT="+hupAt)
 	out, err := cmd.StdoutPipe()
 	require.NoError(t, err)
 	errPipe, err := cmd.StderrPipe()
@@ -52,9 +60,9 @@ func TestDeployOutlivesItsCaller(t *testing.T) {
 	// The caller is gone: nobody reads the deploy's output any more.
 	require.NoError(t, out.Close())
 	require.NoError(t, errPipe.Close())
-	require.NoError(t, cmd.Process.Signal(syscall.SIGHUP))
-	require.NoError(t, cmd.Process.Signal(syscall.SIGPIPE))
+	_ = cmd.Process.Signal(syscall.SIGPIPE)
 	_ = cmd.Wait()
+	assert.Equal(t, strconv.Itoa(cmd.Process.Pid), strings.TrimSpace(string(mustRead(t, hupAt))), "mv hung up on the deploy itself")
 	assert.Equal(t, 0, cmd.ProcessState.ExitCode(), "the deploy finished and verified")
 	assert.Contains(t, string(mustRead(t, filepath.Join(s.Root, "state", "last-deploy"))),
 		next+": deployed and verified (finished despite SIGHUP)")
@@ -65,6 +73,25 @@ func TestDeployOutlivesItsCaller(t *testing.T) {
 		assert.Equal(t, next, ask(t, id).Version, role)
 	}
 	assert.NoFileExists(t, filepath.Join(s.Root, "state", "deploying"))
+}
+
+// hangupAfterMv returns a PATH whose mv runs the real one and then, once it
+// has put $HUP_AFTER in place, writes its parent's pid to $HUP_AT and sends
+// that process SIGHUP: the caller going away, at a set step of the deploy.
+func hangupAfterMv(t *testing.T) string {
+	t.Helper()
+	real, err := exec.LookPath("mv")
+	require.NoError(t, err)
+	dir := t.TempDir()
+	script := fmt.Sprintf(`#!/bin/sh
+'%s' "$@" || exit
+for last; do :; done
+[ "$last" = "$HUP_AFTER" ] || exit 0
+echo "$PPID" >"$HUP_AT"
+kill -HUP "$PPID"
+`, real)
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "mv"), []byte(script), 0o755))
+	return "PATH=" + dir + ":" + os.Getenv("PATH")
 }
 
 // Item 1: a version whose images cannot be pulled changes nothing, and the

@@ -24,7 +24,9 @@
 # compose.yaml, its checksum and deployed.env (the values compose
 # interpolates), written once and never changed. The symlink `current` names
 # the release the server runs; a deploy switches it with one rename, so a
-# reader sees the old release or the new one, never half of each.
+# reader sees the old release or the new one, never half of each. The
+# symlink `previous` beside it names the release the server ran before, of
+# another version: what a rollback returns to, never pruned.
 #
 # Every step that can fail is checked where it runs, with `|| return` or
 # `|| die`: these functions are called from `if`, `||` and `!`, where
@@ -49,6 +51,7 @@ readonly MYTHEX_TIMING_ENV="${MYTHEX_TIMING_ENV:-$HOOKS_DIR/timing.env}"
 readonly MYTHEX_RELEASE_DIR="${MYTHEX_RELEASE_DIR:-$HOOKS_DIR}"
 readonly RELEASES_DIR="$MYTHEX_ROOT/releases"
 readonly CURRENT="$MYTHEX_ROOT/current"
+readonly PREVIOUS="$MYTHEX_ROOT/previous"
 readonly COMPOSE_NAME="compose.yaml"
 readonly CHECKSUM_NAME="compose.yaml.sha256"
 readonly VALUES_NAME="deployed.env"
@@ -65,6 +68,9 @@ readonly HOOKS_LINK="$MYTHEX_ROOT/hooks"
 readonly HOOK_FILES=("deploy 0755" "watchdog 0755" "bootstrap 0755" "lib.sh 0644" "timing.env 0644"
   "mythex-watchdog.service 0644" "mythex-watchdog.timer 0644")
 readonly STATE_DIR="$MYTHEX_ROOT/state"
+# The header that marks a health check as the server's own, not a balancer
+# node's: drain.HeaderSelfCheck (TestHooksCheckHealthAsTheServersOwn).
+readonly SELF_CHECK_HEADER="X-Mythex-Self-Check"
 readonly STRIKES_FILE="$STATE_DIR/strikes"
 # Present from the moment a deploy may change what runs until it has
 # finished: found by a later run, it means that deploy was killed.
@@ -180,10 +186,13 @@ check_root() {
 # load_timing reads timing.env into read-only globals. It parses rather than
 # sources: the file holds data, not code. Only the keys the scripts know are
 # accepted: a stray MYTHEX_* line must not set the test seam or an input
-# already checked. Every problem is reported at once.
+# already checked. A value is read as hooks/render.go writes it: bare, or
+# wholly in one pair of double quotes; any other quote is refused, never
+# stripped (a stray one is a hand edit gone wrong). Every problem is
+# reported at once.
 load_timing() {
   local line key value problems=() n=0
-  local -A seen=()
+  local -A seen=() refused=()
   [[ -r "$MYTHEX_TIMING_ENV" ]] || die "cannot read the timing numbers from $MYTHEX_TIMING_ENV (set MYTHEX_TIMING_ENV, or run from an installed hooks directory)"
   for key in "${TIMING_KEYS[@]}"; do
     unset "$key"
@@ -207,11 +216,23 @@ load_timing() {
       continue
     fi
     seen["$key"]=1
-    value="${value#\"}"
-    value="${value%\"}"
+    if [[ "$value" == \"*\" ]]; then
+      value="${value:1:${#value}-2}"
+    fi
+    if [[ "$value" == *\"* ]]; then
+      problems+=("line $n sets $key to ${line#*=}: a double quote may only wrap the whole value, in one pair")
+      refused["$key"]=1
+      continue
+    fi
+    if [[ "$value" == *\'* ]]; then
+      problems+=("line $n sets $key to ${line#*=}: timing.env holds no single quote (a value is bare, or in double quotes)")
+      refused["$key"]=1
+      continue
+    fi
     printf -v "$key" '%s' "$value"
   done <"$MYTHEX_TIMING_ENV" || die "cannot read $MYTHEX_TIMING_ENV"
   for key in "${TIMING_KEYS[@]}"; do
+    [[ -z "${refused[$key]:-}" ]] || continue
     if [[ -z "${!key:-}" ]]; then
       problems+=("$key is missing")
       continue
@@ -580,6 +601,17 @@ endpoint() {
 # verify_service prints one line per thing wrong with a service: its
 # container, its health answer, or its /about role and version. It prints
 # nothing when the service is right.
+# health_code EP MAX_TIME prints the status the service at EP answers on its
+# health path (000 when it does not answer). The request says it is the
+# server's own (SELF_CHECK_HEADER): the evidence drain counts every other
+# checker as a balancer node that must fail its checks before the drain can
+# end early, and a deploy's or the watchdog's one-off check would be a node
+# that never checks again, holding every drain in its window to the fixed
+# length.
+health_code() {
+  curl -s -o /dev/null -w '%{http_code}' -H "$SELF_CHECK_HEADER: 1" --max-time "$2" "http://$1$MYTHEX_HEALTH_PATH" || true
+}
+
 verify_service() {
   local svc="$1" version="$2" problem id ep code about role got_version
   local max_time about_path="/about"
@@ -607,7 +639,7 @@ verify_service() {
     echo "$svc: not verified: the lock may be held no longer (bounded by the timing contract)"
     return 0
   fi
-  code="`curl -s -o /dev/null -w '%{http_code}' --max-time "$max_time" "http://$ep$MYTHEX_HEALTH_PATH"`" || true
+  code="`health_code "$ep" "$max_time"`"
   [[ "$code" == "$MYTHEX_HEALTHY_STATUS" ]] ||
     echo "$svc: $MYTHEX_HEALTH_PATH at $ep answered ${code:-nothing}, not $MYTHEX_HEALTHY_STATUS"
   if ! max_time="`http_max_time`"; then
@@ -636,7 +668,10 @@ http_max_time() {
   seconds "$ms"
 }
 
-# verify_all prints every problem of every service, or nothing.
+# verify_all prints every problem of every service, or nothing. A later
+# release's remote-deploy sources the lib.sh of the hooks that deployed a
+# release and runs load_timing and verify_all VERSION to judge it by its
+# own numbers: both keep their names and what they do.
 verify_all() {
   local version="$1" svc
   for svc in $MYTHEX_SERVICES; do
@@ -764,6 +799,49 @@ release_version() {
       return 0
     fi
   done <"$1/$VALUES_NAME"
+  return 1
+}
+
+# release_ok DIR succeeds when DIR holds a whole release: its definition
+# matching its checksum, and values that name its version.
+release_ok() {
+  checksum_ok "$1" && release_version "$1" >/dev/null
+}
+
+# linked_previous prints the name of the release `previous` names, when it
+# is whole and runs another version than `current`; it fails otherwise (no
+# link, or one a deploy by hooks older than it left behind: those neither
+# move nor keep it).
+linked_previous() {
+  local target version now=""
+  target="`readlink -- "$PREVIOUS" 2>/dev/null`" || return 1
+  [[ "$target" =~ ^releases/[^./][^/]*$ ]] || return 1
+  release_ok "$MYTHEX_ROOT/$target" || return 1
+  version="`release_version "$MYTHEX_ROOT/$target"`" || return 1
+  now="`current_version 2>/dev/null`" || now=""
+  [[ "$version" != "$now" ]] || return 1
+  printf '%s\n' "${target#releases/}"
+}
+
+# previous_release prints the name of the release the server ran before
+# the current one (linked_previous), or nothing. A server whose releases
+# predate the link names none until a deploy of another version: which of
+# its kept releases ran before cannot be told from a release staged by a
+# deploy that failed before switching, which never ran.
+previous_release() {
+  linked_previous || true
+}
+
+# hooks_in_use REF succeeds when a release kept on the server records REF
+# (hook-releases/<id>) as the hooks that deployed it: a rollback to that
+# release runs them again, so they are kept as long as it is.
+hooks_in_use() {
+  local ref="$1" dir got
+  for dir in "$RELEASES_DIR"/*; do
+    [[ -r "$dir/$HOOKS_REF_NAME" ]] || continue
+    got="`<"$dir/$HOOKS_REF_NAME"`" || continue
+    [[ "$got" != "$ref" ]] || return 0
+  done
   return 1
 }
 

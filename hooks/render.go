@@ -191,13 +191,28 @@ func renderTimingEnv(t infra.Timing, breaks []infra.Rule) ([]byte, error) {
 	if err := checkRenderable(t, breaks); err != nil {
 		return nil, err
 	}
-	ms := func(d time.Duration) string { return strconv.FormatInt(int64(d/time.Millisecond), 10) }
 	var b bytes.Buffer
 	b.WriteString(`# The numbers the hooks scripts need, generated from the timing contract
 # (infra.Timing) by ` + "`go generate ./hooks`" + `: do not edit. Durations are
 # milliseconds. The scripts parse this file (they do not source it).
 `)
-	for _, kv := range [][2]string{
+	for _, kv := range timingEnvValues(t) {
+		// A value is bare, or wholly in one pair of double quotes when it
+		// holds a space; lib.sh's load_timing reads exactly that.
+		v := kv[1]
+		if strings.Contains(v, " ") {
+			v = `"` + v + `"`
+		}
+		fmt.Fprintf(&b, "%s=%s\n", kv[0], v)
+	}
+	return b.Bytes(), nil
+}
+
+// timingEnvValues are timing.env's keys and what each means, unquoted, in
+// the file's order.
+func timingEnvValues(t infra.Timing) [][2]string {
+	ms := func(d time.Duration) string { return strconv.FormatInt(int64(d/time.Millisecond), 10) }
+	return [][2]string{
 		{"MYTHEX_LOCK_WAIT_MS", ms(t.LockWait)},
 		{"MYTHEX_START_TIMEOUT_MS", ms(t.StartTimeout)},
 		{"MYTHEX_STOP_GRACE_PERIOD_MS", ms(t.StopGracePeriod)},
@@ -217,18 +232,15 @@ func renderTimingEnv(t infra.Timing, breaks []infra.Rule) ([]byte, error) {
 		{"MYTHEX_DEPLOY_DOWNTIME_MS", ms(t.DeployDowntime())},
 		{"MYTHEX_WATCHDOG_HOLD_MS", ms(t.WatchdogHold())},
 		{"MYTHEX_SERVER_DEPLOY_MAX_MS", ms(t.ServerDeployMax())},
-		// The rollout's bound on one batch: how long it waits, after a
-		// signal, for the servers in flight.
-		{"MYTHEX_BATCH_MAX_MS", ms(t.BatchMax())},
+		// The rollout's bound on one batch, the Go rollout's RolloutBatchMax:
+		// how long it waits, after a signal, for the servers in flight.
+		{"MYTHEX_BATCH_MAX_MS", ms(t.RolloutBatchMax())},
 		{"MYTHEX_WATCHDOG_STRIKES", strconv.Itoa(t.WatchdogStrikes)},
 		{"MYTHEX_HEALTH_PATH", infra.HealthPath},
 		{"MYTHEX_HEALTHY_STATUS", strconv.Itoa(infra.HealthyStatus)},
-		{"MYTHEX_SERVICES", `"` + strings.Join(Roles, " ") + `"`},
-		{"MYTHEX_COMPOSE_VARS", `"` + strings.Join(composeVars, " ") + `"`},
-	} {
-		fmt.Fprintf(&b, "%s=%s\n", kv[0], kv[1])
+		{"MYTHEX_SERVICES", strings.Join(Roles, " ")},
+		{"MYTHEX_COMPOSE_VARS", strings.Join(composeVars, " ")},
 	}
-	return b.Bytes(), nil
 }
 
 // RenderTimer renders the systemd timer that runs the watchdog every

@@ -205,27 +205,15 @@ func TestRenderRefusesUnusableTiming(t *testing.T) {
 	}
 }
 
-// parseEnv reads timing.env the way the scripts do.
-func parseEnv(t *testing.T, data []byte) map[string]string {
-	t.Helper()
-	env := map[string]string{}
-	for _, l := range strings.Split(string(data), "\n") {
-		if l == "" || strings.HasPrefix(l, "#") {
-			continue
-		}
-		k, v, ok := strings.Cut(l, "=")
-		require.True(t, ok, "line %q", l)
-		env[k] = strings.Trim(v, `"`)
-	}
-	return env
-}
-
 func TestTimingEnvFollowsTiming(t *testing.T) {
 	for name, timing := range testTimings {
 		t.Run(name, func(t *testing.T) {
 			out, err := RenderTimingEnv(timing)
 			require.NoError(t, err)
-			env := parseEnv(t, out)
+			// Read as the servers read it: lib.sh's load_timing.
+			res := loadTiming(t, out)
+			require.Equal(t, 0, res.code, "stderr:\n%s", res.stderr)
+			env := res.values
 			ms := func(key string) time.Duration {
 				n, err := strconv.ParseInt(env[key], 10, 64)
 				require.NoError(t, err, key)
@@ -240,7 +228,7 @@ func TestTimingEnvFollowsTiming(t *testing.T) {
 			assert.Equal(t, timing.WatchdogInterval, ms("MYTHEX_WATCHDOG_INTERVAL_MS"))
 			assert.Equal(t, timing.ReentryPoll(), ms("MYTHEX_REENTRY_POLL_MS"))
 			assert.Equal(t, timing.ReentryWait(), ms("MYTHEX_REENTRY_WAIT_MS"))
-			assert.Equal(t, timing.BatchMax(), ms("MYTHEX_BATCH_MAX_MS"))
+			assert.Equal(t, timing.RolloutBatchMax(), ms("MYTHEX_BATCH_MAX_MS"))
 			assert.Equal(t, strconv.Itoa(timing.WatchdogStrikes), env["MYTHEX_WATCHDOG_STRIKES"])
 			assert.Equal(t, infra.HealthPath, env["MYTHEX_HEALTH_PATH"])
 			assert.Equal(t, strconv.Itoa(infra.HealthyStatus), env["MYTHEX_HEALTHY_STATUS"])

@@ -13,6 +13,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -23,6 +24,7 @@ import (
 	"github.com/mythex/infra/hooks/sshd"
 	"github.com/mythex/infra/infra"
 	"github.com/mythex/infra/internal/needs"
+	"github.com/mythex/infra/rollout"
 )
 
 // These tests run hooks/rollout with its default deploy command, ssh_deploy,
@@ -379,7 +381,7 @@ func TestRolloutRollsBackOverSSH(t *testing.T) {
 	}
 	res := ro.run(t, tag, s8, s9)
 	require.Equal(t, 0, res.code, "%s", res)
-	good8, good9 := installedHooks(t, s8), installedHooks(t, s9)
+	good8, good9 := installedHooks(t, s8.Server), installedHooks(t, s9.Server)
 
 	other := good
 	other.WatchdogInterval += time.Second
@@ -403,8 +405,8 @@ func TestRolloutRollsBackOverSSH(t *testing.T) {
 	for _, name := range []string{TimingEnvFile, TimerFile} {
 		assert.NotEqual(t, mustRead(t, filepath.Join(ro.hooks, name)), mustRead(t, filepath.Join(broken.hooks, name)), "the releases' %s differ", name)
 	}
-	assert.Equal(t, good8, installedHooks(t, s8), "s8 runs the hooks, numbers and units of the release before")
-	assert.Equal(t, good9, installedHooks(t, s9), "s9 untouched")
+	assert.Equal(t, good8, installedHooks(t, s8.Server), "s8 runs the hooks, numbers and units of the release before")
+	assert.Equal(t, good9, installedHooks(t, s9.Server), "s9 untouched")
 
 	res = ro.run(t, tag, s8, s9)
 	require.Equal(t, 0, res.code, "%s", res)
@@ -415,7 +417,7 @@ func TestRolloutRollsBackOverSSH(t *testing.T) {
 
 // installedHooks is what a server runs its hooks and watchdog with: every
 // file the hooks link names, and the units bootstrap installed, by name.
-func installedHooks(t *testing.T, s simServer) map[string]string {
+func installedHooks(t *testing.T, s Server) map[string]string {
 	t.Helper()
 	out := map[string]string{}
 	for _, name := range []string{"deploy", "watchdog", "bootstrap", "lib.sh", TimingEnvFile} {
@@ -425,4 +427,82 @@ func installedHooks(t *testing.T, s simServer) map[string]string {
 		out["systemd/"+name] = string(mustRead(t, filepath.Join(s.Root, "systemd", name)))
 	}
 	return out
+}
+
+// lineCutter relays the rollout's output and cuts the ssh relay the first
+// time a line holds match: the connection drops at that moment of the
+// deploy.
+type lineCutter struct {
+	mu    sync.Mutex
+	out   strings.Builder
+	match string
+	cut   func()
+	done  bool
+}
+
+func (c *lineCutter) Write(p []byte) (int, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.out.Write(p)
+	if !c.done && strings.Contains(c.out.String(), c.match) {
+		c.done = true
+		c.cut()
+	}
+	return len(p), nil
+}
+
+func (c *lineCutter) String() string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.out.String()
+}
+
+// inService stands in for the balancer: re-entry has tests of its own.
+type inService struct{}
+
+func (inService) WaitInService(context.Context, string) error { return nil }
+
+// Finding 9: the bash rollout took a dropped connection for a failed
+// deploy ("connection dropped mid-deploy" above) and rolled back over the
+// deploy that ran on, detached. The Go rollout re-attaches: with the relay
+// cut while deploy replaces the containers, it reconnects, waits through
+// remote-deploy --attach for that deploy to end, and reports the server
+// deployed, verified, with no rollback.
+func TestGoRolloutReattachesAfterADrop(t *testing.T) {
+	parallel(t, 1)
+	tag := images(t)
+	ssh := startSSHD(t)
+	tm := infra.Prod().Scaled(0.2)
+	hooksDir := releaseHooks(t, tm)
+	s := newSimServer(t, 10)
+	config := clientConfig(t, ssh, ssh.KnownHosts(), "", s)
+	releases := filepath.Join(t.TempDir(), "releases")
+	appPort := freePort(t)
+	run := func(version string, out *lineCutter) rollout.Report {
+		tr := rollout.SSH{HooksDir: hooksDir, Version: version, Config: config, RemoteReleases: releases,
+			AppPort: appPort, ImagePrefix: DefaultImagePrefix, Timing: tm, Stdout: out, Stderr: out}
+		c := rollout.Config{Version: version, Servers: []string{s.name}, MaxUnavailable: 1, Timing: tm,
+			Transport: tr, Balancer: inService{}, Log: out}
+		require.NoError(t, c.Check())
+		return rollout.Run(context.Background(), c)
+	}
+	first := &lineCutter{cut: func() {}}
+	rep := run(tag, first)
+	require.Equal(t, rollout.Deployed, rep.Outcome, "%s", first)
+
+	v2 := "v2-" + tag
+	buildVersion(t, v2)
+	// Cut the connection once deploy is replacing the containers.
+	out := &lineCutter{match: "running container(s) with " + v2, cut: ssh.Relay.Cut}
+	rep = run(v2, out)
+	require.Equal(t, rollout.Deployed, rep.Outcome, "%s", out)
+	assert.Contains(t, out.String(), "ssh failed or the connection dropped (exit 255); re-attaching", "the connection dropped mid-deploy")
+	require.Len(t, rep.Servers, 1)
+	what := rep.Servers[0].What
+	require.NotEmpty(t, what, "%s", out)
+	assert.Regexp(t, `^ssh dropped; re-attached: on `+regexp.QuoteMeta(v2)+`, verified \(its record: \S+ `+regexp.QuoteMeta(v2)+`: deployed and verified\)$`, what[0])
+	assert.NotContains(t, out.String(), "rolling back", "no rollback")
+	assert.Equal(t, v2, rep.Servers[0].Now)
+	assert.Equal(t, "yes", rep.Servers[0].Verified)
+	requireAt(t, s, v2)
 }
