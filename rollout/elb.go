@@ -28,7 +28,9 @@ type ELB struct {
 	TargetGroupARN string
 	Port           int
 	Timing         infra.Timing
-	// Log takes each change of a target's state; nil discards it.
+	// Log takes each change of a target's state; nil discards it. The
+	// waits of a batch write side by side: it must be safe for concurrent
+	// use.
 	Log io.Writer
 }
 

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -118,4 +119,66 @@ func TestELBEndsWithItsContext(t *testing.T) {
 	defer cancel()
 	err := e.WaitInService(ctx, "i-1")
 	require.ErrorIs(t, err, context.DeadlineExceeded)
+}
+
+// The wait reports each change of the target's state once, in order, and
+// sees re-entry within one poll of the target turning healthy, never
+// asking faster than the contract's pace. Each state holds for a whole
+// poll or more, centred between two polls, so a poll up to half an
+// interval late still sees every one.
+func TestELBReportsEachChangeAndSeesReentryWithinAPoll(t *testing.T) {
+	tm := infra.Prod().Scaled(0.1)
+	poll := tm.ReentryPoll()
+	turnsHealthy := 3.5
+	steps := []struct {
+		at float64 // polls after the first call
+		h  targethealth.Health
+	}{
+		{0, targethealth.Health{State: targethealth.Draining, Reason: "Target.DeregistrationInProgress", Description: "Target deregistration is in progress"}},
+		{0.5, targethealth.Health{State: targethealth.Initial, Reason: "Elb.RegistrationInProgress", Description: "Target registration is in progress"}},
+		{1.5, targethealth.Health{State: targethealth.Unhealthy, Reason: "Target.ResponseCodeMismatch", Description: "Health checks failed with these codes: [503]"}},
+		{turnsHealthy, targethealth.Health{State: targethealth.Healthy}},
+	}
+	var mu sync.Mutex
+	var first time.Time
+	s, client := standIn(t, func(c targethealth.Call) (targethealth.Health, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		if first.IsZero() {
+			first = c.At
+		}
+		h := steps[0].h
+		for _, st := range steps {
+			if c.At.Sub(first) >= time.Duration(st.at*float64(poll)) {
+				h = st.h
+			}
+		}
+		return h, nil
+	})
+	var log bytes.Buffer
+	e := rollout.ELB{API: client, TargetGroupARN: "arn:tg", Port: 8080, Timing: tm, Log: &log}
+	require.NoError(t, e.WaitInService(context.Background(), "i-0abc"))
+
+	var changes []string
+	for _, l := range strings.Split(strings.TrimSpace(log.String()), "\n") {
+		state, _, _ := strings.Cut(strings.TrimPrefix(l, "[i-0abc] "), " at +")
+		changes = append(changes, state)
+	}
+	assert.Equal(t, []string{
+		"draining (Target.DeregistrationInProgress: Target deregistration is in progress)",
+		"initial (Elb.RegistrationInProgress: Target registration is in progress)",
+		"unhealthy (Target.ResponseCodeMismatch: Health checks failed with these codes: [503])",
+		"healthy",
+	}, changes, "each change once, in order:\n%s", log.String())
+
+	calls := s.Calls()
+	require.NotEmpty(t, calls)
+	healthyAt := calls[0].At.Add(time.Duration(turnsHealthy * float64(poll)))
+	last := calls[len(calls)-1].At
+	assert.False(t, last.Before(healthyAt), "the last call is the one that saw it healthy")
+	assert.LessOrEqual(t, last.Sub(healthyAt), poll, "re-entry seen within one poll (%v) of turning healthy", poll)
+	for i := 1; i < len(calls); i++ {
+		assert.GreaterOrEqual(t, calls[i].At.Sub(calls[i-1].At), poll/2, "calls %d and %d: the pace is the contract's, %v", i-1, i, poll)
+	}
+	assert.LessOrEqual(t, len(calls), int(turnsHealthy)+2, "one call a poll")
 }

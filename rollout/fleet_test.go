@@ -1,10 +1,12 @@
 package rollout_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -40,21 +42,55 @@ type fleet struct {
 
 	deployFails   map[string]bool
 	rollbackFails map[string]bool
+	// switchFails: the deploy fails after switching, leaving the server on
+	// the new release, unverified.
+	switchFails map[string]bool
+	// rolledBackTo is every rollback's target, "s1 v1", in start order.
+	rolledBackTo []string
 	// block, when set for a server, holds its deploy until closed; the
 	// deploy notes whether its context was cut meanwhile.
 	block   map[string]chan struct{}
 	started chan string
 	cut     map[string]bool
+
+	// neverBack servers are never back in service, verified or not.
+	neverBack map[string]bool
+	// statusErr servers answer --status with this failure.
+	statusErr map[string]error
+	// together are groups of servers whose deploys must overlap: each
+	// waits until its whole group has started, so a batch shows as one
+	// however the goroutines are scheduled, and a rollout that does not
+	// batch them fails their deploys.
+	together [][]string
+	// deploying is closed when the server's first deploy starts.
+	deploying map[string]chan struct{}
+	// recorded is closed and replaced whenever a call is recorded.
+	recorded chan struct{}
+
+	// drop, when set for a server, drops its deploy's connection once the
+	// deploy has started: the call fails as ssh's does (ErrSSH) while the
+	// deploy runs on, on the server, holding its lock until the channel is
+	// closed, then ends as scripted. dropped gets the server's name once
+	// the call has returned.
+	drop    map[string]chan struct{}
+	dropped chan string
+	// unreachable servers answer no Attach: ssh fails every time.
+	unreachable map[string]bool
+	// last is each server's record of how its last deploy ended.
+	last map[string]string
 }
 
 func newFleet(states map[string]server) *fleet {
-	f := &fleet{servers: map[string]*server{}, deployFails: map[string]bool{}, rollbackFails: map[string]bool{},
-		block: map[string]chan struct{}{}, started: make(chan string, 16), cut: map[string]bool{}, deadline: map[string]time.Duration{},
-		locks: map[string]*sync.Mutex{}}
+	f := &fleet{servers: map[string]*server{}, deployFails: map[string]bool{}, rollbackFails: map[string]bool{}, switchFails: map[string]bool{},
+		block: map[string]chan struct{}{}, started: make(chan string, 64), cut: map[string]bool{}, deadline: map[string]time.Duration{},
+		locks: map[string]*sync.Mutex{}, neverBack: map[string]bool{}, statusErr: map[string]error{},
+		deploying: map[string]chan struct{}{}, recorded: make(chan struct{}),
+		drop: map[string]chan struct{}{}, dropped: make(chan string, 64), unreachable: map[string]bool{}, last: map[string]string{}}
 	for name, s := range states {
 		s.out = !s.verified
 		f.servers[name] = &s
 		f.locks[name] = &sync.Mutex{}
+		f.deploying[name] = make(chan struct{})
 	}
 	f.count()
 	return f
@@ -76,15 +112,76 @@ func (f *fleet) Status(_ context.Context, name string) (rollout.Status, error) {
 	defer f.locks[name].Unlock()
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	if err := f.statusErr[name]; err != nil {
+		return rollout.Status{}, err
+	}
 	s := f.servers[name]
 	return rollout.Status{Release: s.release, Previous: s.previous, Verified: s.verified}, nil
+}
+
+// record notes a call; f.mu held.
+func (f *fleet) record(call string) {
+	f.calls = append(f.calls, call)
+	close(f.recorded)
+	f.recorded = make(chan struct{})
+}
+
+// awaitCall returns once call has been recorded n times in all.
+func (f *fleet) awaitCall(t *testing.T, call string, n int) {
+	t.Helper()
+	timeout := time.After(10 * time.Second)
+	for {
+		f.mu.Lock()
+		got := 0
+		for _, c := range f.calls {
+			if c == call {
+				got++
+			}
+		}
+		ch := f.recorded
+		f.mu.Unlock()
+		if got >= n {
+			return
+		}
+		select {
+		case <-ch:
+		case <-timeout:
+			require.Failf(t, "no call", "%q was not made %d time(s) within 10s", call, n)
+		}
+	}
+}
+
+// gather holds a deploy of name until every server of its group (together)
+// has started deploying; it fails when the group never gathers.
+func (f *fleet) gather(name string) error {
+	for _, group := range f.together {
+		if !slices.Contains(group, name) {
+			continue
+		}
+		timeout := time.After(10 * time.Second)
+		for _, member := range group {
+			select {
+			case <-f.deploying[member]:
+			case <-timeout:
+				return fmt.Errorf("%v never deployed at once", group)
+			}
+		}
+	}
+	return nil
 }
 
 // start begins a call; it returns the call's context's error when a
 // blocked deploy was cut.
 func (f *fleet) start(ctx context.Context, kind, name string) error {
 	f.mu.Lock()
-	f.calls = append(f.calls, kind+" "+name)
+	f.record(kind + " " + name)
+	if kind == "deploy" {
+		select {
+		case <-f.deploying[name]:
+		default:
+			close(f.deploying[name])
+		}
+	}
 	if dl, ok := ctx.Deadline(); ok {
 		f.deadline[kind+" "+name] = time.Until(dl)
 	}
@@ -109,21 +206,82 @@ func (f *fleet) start(ctx context.Context, kind, name string) error {
 
 func (f *fleet) Deploy(ctx context.Context, name, version string) error {
 	f.locks[name].Lock()
-	defer f.locks[name].Unlock()
 	err := f.start(ctx, "deploy", name)
+	if err == nil {
+		err = f.gather(name)
+	}
+	f.mu.Lock()
+	drop := f.drop[name]
+	f.mu.Unlock()
+	if drop != nil && err == nil {
+		// The deploy is detached from the connection: it runs on.
+		go func() {
+			defer f.locks[name].Unlock()
+			<-drop
+			_ = f.end(name, version, nil)
+		}()
+		f.dropped <- name
+		return fmt.Errorf("%s %s: %w (exit 255)", name, version, rollout.ErrSSH)
+	}
+	defer f.locks[name].Unlock()
+	return f.end(name, version, err)
+}
+
+// end ends a deploy of version on name as scripted, recording how, as
+// deploy does in state/last-deploy.
+func (f *fleet) end(name, version string, err error) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	s := f.servers[name]
 	if err != nil {
 		s.verified = false
+		f.last[name] = version + ": FAILED"
 		return err
 	}
 	if f.deployFails[name] {
 		s.verified = false
+		f.last[name] = version + ": FAILED before changing anything"
 		return errors.New("deploy exit 1")
 	}
-	s.previous, s.release, s.verified = s.release, version, true
+	s.switchTo(version)
+	if f.switchFails[name] {
+		s.verified = false
+		f.last[name] = version + ": FAILED after changing this server"
+		return errors.New("deploy exit 1 after switching")
+	}
+	s.verified = true
+	f.last[name] = version + ": deployed and verified"
 	return nil
+}
+
+// Attach waits for the server's lock, as remote-deploy --attach does, then
+// answers as Status, with the record of a deploy of version.
+func (f *fleet) Attach(_ context.Context, name, version string) (rollout.Status, error) {
+	f.mu.Lock()
+	f.record("attach " + name)
+	unreachable := f.unreachable[name]
+	f.mu.Unlock()
+	if unreachable {
+		return rollout.Status{}, fmt.Errorf("%s --attach %s: %w (exit 255)", name, version, rollout.ErrSSH)
+	}
+	st, err := f.Status(context.Background(), name)
+	if err != nil {
+		return st, err
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if last, ok := strings.CutPrefix(f.last[name], version+": "); ok {
+		st.Last = "2026-12-07T04:00:00Z " + version + ": " + last
+	}
+	return st, nil
+}
+
+// switchTo is deploy's switch of `current`: the release before moves only
+// when the release does.
+func (s *server) switchTo(version string) {
+	if version != s.release {
+		s.previous, s.release = s.release, version
+	}
 }
 
 func (f *fleet) Rollback(ctx context.Context, name, version string) error {
@@ -133,20 +291,27 @@ func (f *fleet) Rollback(ctx context.Context, name, version string) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	s := f.servers[name]
+	f.rolledBackTo = append(f.rolledBackTo, name+" "+version)
+	if version != s.release && version != s.previous {
+		return fmt.Errorf("no release kept runs %s", version)
+	}
 	if f.rollbackFails[name] {
 		s.verified = false
 		return errors.New("rollback exit 1")
 	}
-	s.release, s.verified = version, true
+	s.switchTo(version)
+	s.verified = true
 	return nil
 }
 
-// WaitInService: a verified server comes back; an unverified one never does.
+// WaitInService: a verified server comes back; an unverified one never
+// does, nor does one the test keeps out (neverBack).
 func (f *fleet) WaitInService(_ context.Context, name string) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	f.record("wait " + name)
 	s := f.servers[name]
-	if !s.verified {
+	if !s.verified || f.neverBack[name] {
 		return fmt.Errorf("%s unhealthy", name)
 	}
 	s.out = false
@@ -407,4 +572,89 @@ func sorted(s []string) []string {
 	s = slices.Clone(s)
 	slices.Sort(s)
 	return s
+}
+
+// Finding 2, the rollout's half: a server an earlier run left on VERSION,
+// unverified, is deployed first by the next run; when it fails again, the
+// release it ran when that run started is VERSION itself, and the rollout
+// skipped its rollback without a word. Now it goes back to the release
+// before the first run, the server's previous one, and the table says so.
+func TestRerunRollsBackToTheReleaseBeforeTheFirstRun(t *testing.T) {
+	servers := []string{"s1", "s2", "s3"}
+	for _, tc := range []struct {
+		name string
+		// first is the earlier run: it leaves s1, the canary, on v2,
+		// unverified.
+		first func(t *testing.T, f *fleet)
+	}{
+		{"-no-rollback", func(t *testing.T, f *fleet) {
+			c := cfg(f, 1, servers...)
+			c.NoRollback = true
+			require.Equal(t, rollout.Failed, rollout.Run(context.Background(), c).Outcome)
+		}},
+		{"a failed rollback", func(t *testing.T, f *fleet) {
+			f.rollbackFails["s1"] = true
+			require.Equal(t, rollout.Failed, rollout.Run(context.Background(), cfg(f, 1, servers...)).Outcome)
+			f.mu.Lock()
+			f.rollbackFails["s1"] = false
+			f.mu.Unlock()
+		}},
+		{"a cancel", func(t *testing.T, f *fleet) {
+			release := make(chan struct{})
+			f.block["s1"] = release
+			ctx, cancel := context.WithCancel(context.Background())
+			done := make(chan rollout.Report)
+			go func() { done <- rollout.Run(ctx, cfg(f, 1, servers...)) }()
+			require.Equal(t, "deploy s1", <-f.started)
+			cancel()
+			require.Equal(t, rollout.Cancelled, (<-done).Outcome)
+			f.mu.Lock()
+			delete(f.block, "s1")
+			f.mu.Unlock()
+			close(release) // the deploy left running ends, after its switch, unverified
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newFleet(map[string]server{"s1": healthy(), "s2": healthy(), "s3": healthy()})
+			f.switchFails["s1"] = true
+			tc.first(t, f)
+			st, err := f.Status(context.Background(), "s1")
+			require.NoError(t, err)
+			require.Equal(t, rollout.Status{Release: "v2", Previous: "v1"}, st, "the earlier run left s1 on v2, unverified")
+			f.mu.Lock()
+			earlier := len(f.rolledBackTo)
+			f.mu.Unlock()
+
+			rep := rollout.Run(context.Background(), cfg(f, 1, servers...))
+			assert.Equal(t, rollout.Failed, rep.Outcome)
+			f.mu.Lock()
+			assert.Equal(t, []string{"s1 v1"}, f.rolledBackTo[earlier:], "back to the release before the first run")
+			f.mu.Unlock()
+			assert.Equal(t, []string{"s1", "s1"}, f.callsOf("deploy"), "s2 and s3 never taken out")
+			assert.LessOrEqual(t, f.maxOut, 1)
+			m := byServer(rep)
+			assert.Equal(t, rollout.ServerReport{Server: "s1", Before: "v2", Now: "v1", Verified: "yes", OutAtStart: true,
+				What: []string{"deploy FAILED: deploy exit 1 after switching",
+					"on v2, unverified, since an earlier run: rolling back to v1, the release before the first run of v2",
+					"rollback: verified and back in service"}}, m["s1"])
+			var table bytes.Buffer
+			require.NoError(t, rep.WriteTable(&table))
+			assert.Regexp(t, `(?m)^s1\s+v2\s+v1\s+yes\s+deploy FAILED: deploy exit 1 after switching; on v2, unverified, since an earlier run: rolling back to v1, the release before the first run of v2; rollback: verified and back in service$`, table.String())
+			for _, s := range []string{"s2", "s3"} {
+				assert.Equal(t, "v1", m[s].Now, s)
+				assert.Equal(t, []string{"not started"}, m[s].What, s)
+			}
+		})
+	}
+}
+
+// A server an earlier run left on VERSION that keeps no release before it
+// (VERSION was its first) has nothing to go back to, and the table says so.
+func TestRerunWithNoReleaseBeforeTheFirstRun(t *testing.T) {
+	f := newFleet(map[string]server{"s1": {release: "v2"}, "s2": healthy()})
+	f.deployFails["s1"] = true
+	rep := rollout.Run(context.Background(), cfg(f, 1, "s1", "s2"))
+	assert.Equal(t, rollout.Failed, rep.Outcome)
+	assert.Empty(t, f.callsOf("rollback"))
+	assert.Contains(t, byServer(rep)["s1"].What, "on v2, unverified, since an earlier run, and it keeps no release before it: nothing to roll back to")
 }

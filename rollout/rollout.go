@@ -6,8 +6,13 @@
 //     starts, which go first; never every server;
 //   - a canary of one server first, then batches;
 //   - a failed server stops the rollout and its touched servers go back to
-//     the release they ran before, batch by batch in reverse; a failed
-//     rollback stops that too: nothing healthy is taken out after it;
+//     the release they ran before, batch by batch in reverse (a server an
+//     earlier run left on Version, unverified, to the release before the
+//     first run, its previous one); a failed rollback stops that too:
+//     nothing healthy is taken out after it;
+//   - an ssh drop during a deploy or rollback re-attaches to it: the call
+//     started runs on on the server, so the rollout asks the server, within
+//     the call's bound, how it ended, and judges it by that, not the drop;
 //   - a cancel (the context ends: SIGINT, SIGTERM) starts nothing new and
 //     leaves the deploys in flight to finish on their servers;
 //   - every remote call and every batch ends by a bound derived from the
@@ -37,6 +42,10 @@ type Status struct {
 	Release  string
 	Previous string
 	Verified bool
+	// Last is how the server's last deploy of the version asked about
+	// ended, as the server recorded it (state/last-deploy); only Attach
+	// says it, and only when there is such a record.
+	Last string
 }
 
 // Transport runs remote-deploy's work on one server. Each call ends when
@@ -45,6 +54,10 @@ type Transport interface {
 	Status(ctx context.Context, server string) (Status, error)
 	Deploy(ctx context.Context, server, version string) error
 	Rollback(ctx context.Context, server, version string) error
+	// Attach waits for the deploy or rollback of version a dropped
+	// connection left running on server to end, then says what the server
+	// runs and how that call ended. An ssh failure is ErrSSH.
+	Attach(ctx context.Context, server, version string) (Status, error)
 }
 
 // Balancer returns once the balancer routes to server again, or fails when
@@ -329,7 +342,9 @@ func (r *run) rollout() string {
 		}
 		r.logf("deploying %s to %v (batch %d%s)", cfg.Version, b, len(batches), canary)
 		failed := r.batch(b, "deploy", func(ctx context.Context, s string) error {
-			return cfg.Transport.Deploy(ctx, s, cfg.Version)
+			return r.attached(ctx, s, cfg.Version, func(ctx context.Context) error {
+				return cfg.Transport.Deploy(ctx, s, cfg.Version)
+			})
 		})
 		if r.cancelled() {
 			for _, s := range todo {
@@ -456,6 +471,57 @@ func (r *run) batch(servers []string, kind string, work func(context.Context, st
 	return slices.Clone(failed)
 }
 
+// attached runs call, a deploy or rollback of version on server, under ctx,
+// the call's bound. When ssh fails or the connection drops, what the call
+// started runs on on the server (remote-deploy detaches it): judged by the
+// drop, a deploy about to succeed would be rolled back, and the rollback
+// would race it for the server's lock. So the rollout re-attaches: it
+// reconnects, waits for that deploy to end and asks the server how it
+// ended, all within what is left of the call's bound, which bounds the
+// deploy on the server too. The call counts as done only when the server
+// runs version, verified; otherwise, or when the server cannot be reached
+// again within the bound, it failed.
+func (r *run) attached(ctx context.Context, server, version string, call func(context.Context) error) error {
+	err := call(ctx)
+	if !errors.Is(err, ErrSSH) {
+		return err
+	}
+	r.logf("%s: %v; re-attaching to what runs on the server", server, err)
+	st, aerr := r.reattach(ctx, server, version)
+	if aerr != nil {
+		return fmt.Errorf("ssh dropped (%w); re-attach failed: %w", err, aerr)
+	}
+	last := "no record of its deploy of " + version
+	if st.Last != "" {
+		last = "its record: " + st.Last
+	}
+	if st.Release == version && st.Verified {
+		r.note(server, "ssh dropped; re-attached: on %s, verified (%s)", version, last)
+		r.logf("%s: re-attached: on %s, verified", server, version)
+		return nil
+	}
+	return fmt.Errorf("ssh dropped; re-attached: runs %q, verified %s (%s)", st.Release, yesNo(st.Verified), last)
+}
+
+// reattach asks server, again and again at ssh's keep-alive pace while the
+// connection fails, how the call of version it ran ended, until ctx ends.
+func (r *run) reattach(ctx context.Context, server, version string) (Status, error) {
+	pace := time.NewTicker(r.cfg.Timing.SSHAliveInterval())
+	defer pace.Stop()
+	for {
+		st, err := r.cfg.Transport.Attach(ctx, server, version)
+		if err == nil || !errors.Is(err, ErrSSH) {
+			return st, err
+		}
+		r.logf("%s: re-attaching: %v", server, err)
+		select {
+		case <-ctx.Done():
+			return Status{}, fmt.Errorf("%w (last try: %w)", context.Cause(ctx), err)
+		case <-pace.C:
+		}
+	}
+}
+
 // rollBack returns the touched servers to the release they ran before,
 // batch by batch in reverse order. A failed rollback stops it: the servers
 // left are healthy on the new release, and taking one out now could leave
@@ -467,14 +533,15 @@ func (r *run) rollBack(batches [][]string) {
 		}
 		var b []string
 		for _, s := range batches[i] {
-			before := r.before[s].Release
-			switch before {
-			case "":
-				r.note(s, "no release before this rollout: nothing to roll back to")
-			case r.cfg.Version:
-			default:
-				b = append(b, s)
+			target, why := r.rollbackTarget(s)
+			if target == "" {
+				r.note(s, "%s", why)
+				continue
 			}
+			if why != "" {
+				r.note(s, "%s", why)
+			}
+			b = append(b, s)
 		}
 		if len(b) == 0 {
 			continue
@@ -495,7 +562,10 @@ func (r *run) rollBack(batches [][]string) {
 		}
 		r.logf("rolling back %v to the release before", b)
 		failed := r.batch(b, "rollback", func(ctx context.Context, s string) error {
-			return r.cfg.Transport.Rollback(ctx, s, r.before[s].Release)
+			target, _ := r.rollbackTarget(s)
+			return r.attached(ctx, s, target, func(ctx context.Context) error {
+				return r.cfg.Transport.Rollback(ctx, s, target)
+			})
 		})
 		if len(failed) > 0 {
 			if !r.cancelled() {
@@ -504,6 +574,25 @@ func (r *run) rollBack(batches [][]string) {
 			}
 			return
 		}
+	}
+}
+
+// rollbackTarget is the release server goes back to: the one it ran when
+// this rollout started, or, when that was Version already (an earlier run
+// left it there unverified: -no-rollback, a failed rollback, a cancel), the
+// one it ran before that, which the server keeps as its previous release:
+// the release before the first run. "" when there is none, with why.
+func (r *run) rollbackTarget(server string) (target, why string) {
+	st := r.before[server]
+	switch {
+	case st.Release == "":
+		return "", "no release before this rollout: nothing to roll back to"
+	case st.Release != r.cfg.Version:
+		return st.Release, ""
+	case st.Previous == "" || st.Previous == r.cfg.Version:
+		return "", fmt.Sprintf("on %s, unverified, since an earlier run, and it keeps no release before it: nothing to roll back to", r.cfg.Version)
+	default:
+		return st.Previous, fmt.Sprintf("on %s, unverified, since an earlier run: rolling back to %s, the release before the first run of %s", r.cfg.Version, st.Previous, r.cfg.Version)
 	}
 }
 

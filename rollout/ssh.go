@@ -39,7 +39,8 @@ type SSH struct {
 	ImagePrefix    string
 	Timing         infra.Timing
 	// Stdout and Stderr take the servers' output, each line after the
-	// server's name; nil discards it.
+	// server's name; nil discards it. The servers of a batch write side by
+	// side: each must be safe for concurrent use (an *os.File is).
 	Stdout, Stderr io.Writer
 }
 
@@ -83,6 +84,26 @@ func (s SSH) Deploy(ctx context.Context, server, version string) error {
 // Rollback implements Transport.
 func (s SSH) Rollback(ctx context.Context, server, version string) error {
 	return s.run(ctx, server, nil, "--rollback", version)
+}
+
+// Attach implements Transport: remote-deploy --attach waits on the server
+// for the deploy or rollback to end, then answers as --status does, with
+// the server's record of how it ended on a line of its own.
+func (s SSH) Attach(ctx context.Context, server, version string) (Status, error) {
+	var out bytes.Buffer
+	if err := s.run(ctx, server, &out, "--attach", version); err != nil {
+		return Status{}, err
+	}
+	st, err := ParseStatus(out.String())
+	if err != nil {
+		return Status{}, err
+	}
+	for _, line := range strings.Split(out.String(), "\n") {
+		if rec, ok := strings.CutPrefix(line, "last-deploy "); ok {
+			st.Last = rec
+		}
+	}
+	return st, nil
 }
 
 // ParseStatus reads remote-deploy --status's line: release=V previous=P

@@ -27,6 +27,7 @@ const remoteStub = `#!/usr/bin/env bash
 case "$1" in
   --status) echo "checking" >&2; echo "release=v1 previous=v0 verified=yes" ;;
   --rollback) echo "rolled back to $2" ;;
+  --attach) echo "waited" >&2; echo "release=$2 previous=v1 verified=yes"; echo "last-deploy 2026-12-07T04:00:00Z $2: deployed and verified" ;;
   hang) echo "started"; exec sleep 10 ;;
   *) echo "deployed $1 from $(dirname "$0")"; echo "on stderr" >&2 ;;
 esac
@@ -93,6 +94,11 @@ func TestSSHShipsTheReleaseAndRunsRemoteDeploy(t *testing.T) {
 	}
 	require.NoError(t, s.Rollback(ctx, "s1", "v1"))
 	assert.Contains(t, out.String(), "[s1] rolled back to v1")
+
+	st, err = s.Attach(ctx, "s1", "v2")
+	require.NoError(t, err, "stderr: %s", errOut)
+	assert.Equal(t, rollout.Status{Release: "v2", Previous: "v1", Verified: true, Last: "2026-12-07T04:00:00Z v2: deployed and verified"}, st)
+	assert.Contains(t, errOut.String(), "[s1] waited")
 }
 
 // Finding 1: a bash deploy that slept 20 s under a 2 s bound ended after

@@ -27,6 +27,8 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"syscall"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
@@ -39,21 +41,63 @@ import (
 )
 
 func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	code := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
+	ctx, stoppedBy, stop := cancelOnSignal(context.Background(), os.Interrupt, syscall.SIGTERM)
+	code := run(ctx, os.Args[1:], os.Stdout, os.Stderr, stoppedBy)
 	stop()
 	os.Exit(code)
 }
 
-// caught holds the signal that cancelled the rollout, for the exit status.
-var caught = make(chan os.Signal, 2)
+// stopSignal is the signal that cancelled the rollout, for the exit status;
+// none until one came.
+type stopSignal struct{ n atomic.Int32 }
+
+func (s *stopSignal) set(sig syscall.Signal) { s.n.Store(int32(sig)) }
+
+// get is the signal recorded; false when none was (a nil s records none).
+func (s *stopSignal) get() (syscall.Signal, bool) {
+	if s == nil {
+		return 0, false
+	}
+	n := s.n.Load()
+	return syscall.Signal(n), n != 0
+}
+
+// cancelOnSignal is a context cancelled by the first of sigs, and the
+// record of that signal, set before the cancel: whatever sees the cancel
+// finds it. (A second channel read with select…default, which the runtime
+// may feed after the first, let a rollout that ended on the cancel exit 1.)
+// Later signals are swallowed until stop: the first stopped all there is.
+func cancelOnSignal(parent context.Context, sigs ...os.Signal) (context.Context, *stopSignal, func()) {
+	ctx, cancel := context.WithCancelCause(parent)
+	by := &stopSignal{}
+	ch := make(chan os.Signal, 1)
+	signal.Notify(ch, sigs...)
+	go func() {
+		select {
+		case s := <-ch:
+			if n, ok := s.(syscall.Signal); ok {
+				by.set(n)
+			}
+			cancel(fmt.Errorf("%v signal received", s))
+		case <-ctx.Done():
+		}
+	}()
+	return ctx, by, func() {
+		signal.Stop(ch)
+		cancel(nil)
+	}
+}
 
 var serverRE = regexp.MustCompile(`^[A-Za-z0-9_.@-]+$`)
 var versionRE = regexp.MustCompile(`^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$`)
 
-func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	signal.Notify(caught, os.Interrupt, syscall.SIGTERM)
-	defer signal.Stop(caught)
+// run is the command on args; ctx ends on a cancel, and stoppedBy names
+// the signal that ended it, if one did (nil: none).
+func run(ctx context.Context, args []string, stdout, stderr io.Writer, stoppedBy *stopSignal) int {
+	// The servers' calls, the log and the re-entry waits write side by
+	// side: one lock for both streams, as a terminal shows them.
+	var mu sync.Mutex
+	stdout, stderr = &lockedWriter{mu: &mu, w: stdout}, &lockedWriter{mu: &mu, w: stderr}
 	fs := cmdflag.New("rollout", "[-max-unavailable N|P%] [-no-rollback] [-json FILE] VERSION SERVER...")
 	maxU := fs.String("max-unavailable", strconv.Itoa(infra.DefaultMaxUnavailable),
 		"servers out of service at once after the canary, counting those already out: a count, or a percentage of the servers rounded down (at least 1)")
@@ -83,7 +127,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 			problems = append(problems, fmt.Sprintf("SERVER %q may hold only letters, digits and _ . @ -, and not start with -", s))
 		}
 	}
-	n, err := maxUnavailable(*maxU, len(servers))
+	n, err := rollout.ParseMaxUnavailable(*maxU, len(servers))
 	if err != nil {
 		problems = append(problems, err.Error())
 	} else if err := infra.CheckRollout(len(servers), n); err != nil {
@@ -147,17 +191,25 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		}
 	}
 	if rep.Outcome == rollout.Cancelled {
-		select {
-		case sig := <-caught:
+		if sig, ok := stoppedBy.get(); ok {
 			fmt.Fprintf(stderr, "rollout: stopped by %v; run the same rollout again to go on\n", sig)
-			if s, ok := sig.(syscall.Signal); ok {
-				return 128 + int(s)
-			}
-		default:
+			return 128 + int(sig)
 		}
 		return 1
 	}
 	return code
+}
+
+// lockedWriter writes to w under mu.
+type lockedWriter struct {
+	mu *sync.Mutex
+	w  io.Writer
+}
+
+func (l *lockedWriter) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(p)
 }
 
 func envOr(name, def string) string {
@@ -165,23 +217,6 @@ func envOr(name, def string) string {
 		return v
 	}
 	return def
-}
-
-// maxUnavailable resolves -max-unavailable for k servers: a count, or a
-// percentage rounded down, at least 1.
-func maxUnavailable(arg string, k int) (int, error) {
-	if pct, ok := strings.CutSuffix(arg, "%"); ok {
-		v, err := strconv.Atoi(pct)
-		if err != nil || v < 1 || v > 100 {
-			return 0, fmt.Errorf("-max-unavailable %q must be a count (1 or more) or a percentage (1%% to 100%%)", arg)
-		}
-		return max(1, k*v/100), nil
-	}
-	v, err := strconv.Atoi(arg)
-	if err != nil || v < 1 {
-		return 0, fmt.Errorf("-max-unavailable %q must be a count (1 or more) or a percentage (1%% to 100%%)", arg)
-	}
-	return v, nil
 }
 
 func writeJSON(path string, rep rollout.Report) error {
