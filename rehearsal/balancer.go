@@ -19,6 +19,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/mythex/infra/drain"
 	"github.com/mythex/infra/infra"
 )
 
@@ -117,13 +118,17 @@ func checkBalancerTiming(t infra.Timing) error {
 // What the node knows of each server's health is read, at start, from
 // serverStateFile in its working directory: Reload writes it just before the
 // node takes new numbers, as the ALB keeps its targets' health across a
-// change of the target group.
-func HAProxyConfig(t infra.Timing, port int, upstreams []string) (string, error) {
+// change of the target group. checks sets the node's checks apart from a
+// plain node's; its zero value changes nothing.
+func HAProxyConfig(t infra.Timing, port int, upstreams []string, checks NodeChecks) (string, error) {
 	if err := checkBalancerTiming(t); err != nil {
 		return "", err
 	}
 	if len(upstreams) == 0 {
 		return "", errors.New("balancer node: no upstream")
+	}
+	if err := checks.validate(upstreams); err != nil {
+		return "", err
 	}
 	var b strings.Builder
 	fmt.Fprintf(&b, `global
@@ -164,7 +169,7 @@ backend %[5]s
 	balance roundrobin
 	http-reuse always
 	option httpchk GET %[6]s
-	http-check expect status %[7]d
+%[13]s	http-check expect status %[7]d
 	# HAProxy has no per-connection idle timeout upstream: every
 	# pool-purge-delay it closes the idle connections its estimate of need
 	# no longer covers, and an unused one goes after three periods. A third
@@ -173,11 +178,63 @@ backend %[5]s
 	default-server check inter %[8]s fall %[9]d rise %[10]d pool-purge-delay %[11]s
 `, accessLogTag, ms(t.HealthCheckTimeout), ms(t.LBIdleTimeout), port, backendName,
 		infra.HealthPath, infra.HealthyStatus, ms(t.HealthCheckInterval), t.UnhealthyThreshold, t.HealthyThreshold, ms(t.LBIdleTimeout/3),
-		serverStateFile)
+		serverStateFile, checks.send())
 	for _, u := range upstreams {
-		fmt.Fprintf(&b, "\tserver %s %s\n", u, u)
+		fmt.Fprintf(&b, "\tserver %s %s%s\n", u, u, checks.via(u))
 	}
 	return b.String(), nil
+}
+
+// NodeChecks is how a node's health checks differ from a plain ALB node's.
+type NodeChecks struct {
+	// Name, when set, is sent in every check as drain.HeaderNode: the
+	// server tells the node apart by it whatever address the check comes
+	// from (through Docker's userland proxy every node has one).
+	Name string
+	// Via sends the checks of an upstream to another address (a LagShim's);
+	// requests still go to the upstream itself.
+	Via map[string]string
+}
+
+// nodeName is what a node may call itself in a header and in HAProxy's
+// config, where it is one word.
+var nodeName = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]*$`)
+
+func (c NodeChecks) validate(upstreams []string) error {
+	var errs []error
+	if c.Name != "" && !nodeName.MatchString(c.Name) {
+		errs = append(errs, fmt.Errorf("node name %q must be letters, digits, '.', '_' or '-'", c.Name))
+	}
+	for u, addr := range c.Via {
+		if !slices.Contains(upstreams, u) {
+			errs = append(errs, fmt.Errorf("checks via %s for %s, which is not an upstream", addr, u))
+		}
+		if _, _, err := net.SplitHostPort(addr); err != nil {
+			errs = append(errs, fmt.Errorf("checks of %s via %q: %w", u, addr, err))
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("balancer node: %w", err)
+	}
+	return nil
+}
+
+// send is the config line naming the node in its checks, if it has a name.
+func (c NodeChecks) send() string {
+	if c.Name == "" {
+		return ""
+	}
+	return fmt.Sprintf("\thttp-check send hdr %s %s\n", drain.HeaderNode, c.Name)
+}
+
+// via is what a server line adds to send its checks elsewhere.
+func (c NodeChecks) via(upstream string) string {
+	addr, ok := c.Via[upstream]
+	if !ok {
+		return ""
+	}
+	host, port, _ := net.SplitHostPort(addr)
+	return fmt.Sprintf(" addr %s port %s", host, port)
 }
 
 // Balancer is one running HAProxy: one ALB node.
@@ -190,6 +247,9 @@ type Balancer struct {
 	Health *HealthTracker
 	// Log counts the node's answers from its own access log.
 	Log *AnswerLog
+	// Lag is how long after the server answers a check the node acts on
+	// the answer (NodeOptions.Lag); 0 for a node that acts at once.
+	Lag time.Duration
 
 	cmd  *exec.Cmd
 	done chan struct{}
@@ -200,8 +260,11 @@ type Balancer struct {
 	// server-state file), its upstreams and its master CLI's address.
 	bin, dir  string
 	upstreams []string
+	checks    NodeChecks
 	master    string
 	reloading sync.Mutex
+	// shims stand between a lagging node's checks and its upstreams.
+	shims map[string]*LagShim
 }
 
 // URL is the base URL clients send to.
@@ -209,10 +272,36 @@ func (b *Balancer) URL() string {
 	return "http://127.0.0.1:" + strconv.Itoa(b.Port)
 }
 
-// StartBalancer runs HAProxy (bin) as one balancer node on a free loopback
-// port in front of upstreams, configured from t, with its files under dir. It
-// returns once the node accepts connections.
+// NodeOptions sets a balancer node apart from a plain ALB node, one that
+// checks from an address it shares with every other node and acts on each
+// check at once.
+type NodeOptions struct {
+	// Name names the node in reports ("lb1").
+	Name string
+	// Named: the node sends its name in every check (NodeChecks.Name), so
+	// the servers tell it apart from the other nodes and the evidence
+	// drain can count its checks.
+	Named bool
+	// Lag: the node acts on each check's answer this long after the server
+	// gave it, through a LagShim per upstream; 0 acts at once.
+	Lag time.Duration
+}
+
+// StartBalancer runs HAProxy (bin) as one plain balancer node on a free
+// loopback port in front of upstreams, configured from t, with its files
+// under dir. It returns once the node accepts connections.
 func StartBalancer(ctx context.Context, bin, name, dir string, t infra.Timing, upstreams []string) (*Balancer, error) {
+	return StartNode(ctx, bin, dir, t, upstreams, NodeOptions{Name: name})
+}
+
+// StartNode runs HAProxy (bin) as one balancer node as o sets it apart, on
+// a free loopback port in front of upstreams, configured from t, with its
+// files under dir. It returns once the node accepts connections.
+func StartNode(ctx context.Context, bin, dir string, t infra.Timing, upstreams []string, o NodeOptions) (_ *Balancer, err error) {
+	name := o.Name
+	if o.Lag < 0 {
+		return nil, fmt.Errorf("balancer %s: lag %v must not be negative", name, o.Lag)
+	}
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, fmt.Errorf("balancer %s: %w", name, err)
 	}
@@ -224,7 +313,30 @@ func StartBalancer(ctx context.Context, bin, name, dir string, t infra.Timing, u
 	if err != nil {
 		return nil, fmt.Errorf("balancer %s: %w", name, err)
 	}
-	cfg, err := HAProxyConfig(t, port, upstreams)
+	var checks NodeChecks
+	if o.Named {
+		checks.Name = name
+	}
+	shims := map[string]*LagShim{}
+	defer func() {
+		if err != nil {
+			for _, s := range shims {
+				s.Stop()
+			}
+		}
+	}()
+	if o.Lag > 0 {
+		checks.Via = map[string]string{}
+		for _, u := range upstreams {
+			s, err := StartLagShim(u, o.Lag, t)
+			if err != nil {
+				return nil, fmt.Errorf("balancer %s: %w", name, err)
+			}
+			shims[u] = s
+			checks.Via[u] = s.Addr
+		}
+	}
+	cfg, err := HAProxyConfig(t, port, upstreams, checks)
 	if err != nil {
 		return nil, fmt.Errorf("balancer %s: %w", name, err)
 	}
@@ -244,13 +356,16 @@ func StartBalancer(ctx context.Context, bin, name, dir string, t infra.Timing, u
 		Port:   port,
 		Health: NewHealthTracker(upstreams),
 		Log:    NewAnswerLog(),
+		Lag:    o.Lag,
 		done:   make(chan struct{}),
 		logs:   &ringBuffer{max: 64 << 10},
 
 		bin:       bin,
 		dir:       dir,
 		upstreams: upstreams,
+		checks:    checks,
 		master:    "127.0.0.1:" + strconv.Itoa(masterPort),
+		shims:     shims,
 	}
 	// Not CommandContext: Stop ends HAProxy with SIGTERM. -db keeps it in the
 	// foreground, logging to our pipe. -W runs it as a master and a worker:
@@ -316,6 +431,11 @@ func (b *Balancer) awaitListening(ctx context.Context, timeout time.Duration) er
 
 // Stop ends the node and waits for it to exit.
 func (b *Balancer) Stop() {
+	defer func() {
+		for _, s := range b.shims {
+			s.Stop()
+		}
+	}()
 	if b.cmd.Process == nil {
 		return
 	}

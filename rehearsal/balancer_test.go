@@ -51,7 +51,7 @@ func oddTiming() infra.Timing {
 func TestHAProxyConfigAsHAProxyReadsIt(t *testing.T) {
 	bin := testHAProxy(t)
 	tm := oddTiming()
-	cfg, err := HAProxyConfig(tm, 18080, []string{"127.0.0.1:10001", "127.0.0.1:10002"})
+	cfg, err := HAProxyConfig(tm, 18080, []string{"127.0.0.1:10001", "127.0.0.1:10002"}, NodeChecks{})
 	require.NoError(t, err)
 	// In the node's directory, as StartBalancer lays it out: the server
 	// state a first start reads is there.
@@ -87,17 +87,50 @@ func TestHAProxyConfigAsHAProxyReadsIt(t *testing.T) {
 	assert.NotContains(t, cfg, "observe", "no passive checks: only the active ones, as the ALB")
 }
 
+// TestHAProxyConfigSetsNodesApart: a named node names itself in every
+// check, a lagging one sends its checks to its shims, and HAProxy takes
+// both; a plain node's config has neither.
+func TestHAProxyConfigSetsNodesApart(t *testing.T) {
+	bin := testHAProxy(t)
+	ups := []string{"127.0.0.1:10001", "127.0.0.1:10002"}
+	plain, err := HAProxyConfig(oddTiming(), 18080, ups, NodeChecks{})
+	require.NoError(t, err)
+	assert.NotContains(t, plain, "http-check send")
+	assert.NotContains(t, plain, " addr ")
+
+	cfg, err := HAProxyConfig(oddTiming(), 18080, ups, NodeChecks{Name: "lb2", Via: map[string]string{ups[1]: "127.0.0.1:20002"}})
+	require.NoError(t, err)
+	dir := t.TempDir()
+	file := filepath.Join(dir, configFile)
+	require.NoError(t, os.WriteFile(file, []byte(cfg), 0o644))
+	require.NoError(t, os.WriteFile(filepath.Join(dir, serverStateFile), []byte(emptyServerState), 0o644))
+	check := exec.Command(bin, "-c", "-f", file)
+	check.Dir = dir
+	out, err := check.CombinedOutput()
+	require.NoError(t, err, "haproxy -c: %s", out)
+	assert.NotContains(t, string(out), "WARNING")
+	assert.Contains(t, cfg, "\thttp-check send hdr X-Mythex-Node lb2\n\thttp-check expect status 200\n", "the name is sent, then the answer judged")
+	assert.Contains(t, cfg, "server 127.0.0.1:10001 127.0.0.1:10001\n", "an upstream without a shim is checked directly")
+	assert.Contains(t, cfg, "server 127.0.0.1:10002 127.0.0.1:10002 addr 127.0.0.1 port 20002\n")
+
+	_, err = HAProxyConfig(oddTiming(), 18080, ups, NodeChecks{Name: "lb 2", Via: map[string]string{"127.0.0.1:9": "127.0.0.1:20002", ups[0]: "nowhere"}})
+	require.Error(t, err)
+	for _, want := range []string{`node name "lb 2"`, "for 127.0.0.1:9, which is not an upstream", `checks of 127.0.0.1:10001 via "nowhere"`} {
+		assert.ErrorContains(t, err, want)
+	}
+}
+
 func TestHAProxyConfigRefusesBadTiming(t *testing.T) {
 	tm := oddTiming()
 	tm.HealthCheckInterval = 1500 * time.Microsecond
 	tm.LBIdleTimeout = 0
 	tm.HealthyThreshold = 0
-	_, err := HAProxyConfig(tm, 18080, []string{"127.0.0.1:1"})
+	_, err := HAProxyConfig(tm, 18080, []string{"127.0.0.1:1"}, NodeChecks{})
 	require.Error(t, err)
 	for _, want := range []string{"HealthCheckInterval 1.5ms", "LBIdleTimeout 0s", "HealthyThreshold 0"} {
 		assert.ErrorContains(t, err, want)
 	}
-	_, err = HAProxyConfig(oddTiming(), 18080, nil)
+	_, err = HAProxyConfig(oddTiming(), 18080, nil, NodeChecks{})
 	assert.ErrorContains(t, err, "no upstream")
 }
 

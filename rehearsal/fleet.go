@@ -17,7 +17,7 @@ import (
 )
 
 // The fleet scenarios: the rollout's batches, canary and rollback, through
-// the real rollout script, under load, behind the balancer nodes.
+// the rollout CI runs, under load, behind the balancer nodes.
 const (
 	// FleetBatched rolls a good release out in batches (Config's
 	// MaxUnavailable) after the canary.
@@ -104,15 +104,12 @@ func fleetCases() []fleetCase {
 	}
 }
 
-// fleetN reads c.MaxUnavailable as the fleet rehearsal takes it: a count,
-// checked as infra.CheckRollout checks a rollout.
+// fleetN reads c.MaxUnavailable as the fleet rehearsal takes it: a count
+// (Validate checks it as the rollout does).
 func (c Config) fleetN() (int, error) {
 	n, err := strconv.Atoi(c.MaxUnavailable)
 	if err != nil {
 		return 0, fieldErr("MaxUnavailable", "%q must be a count for the fleet rehearsal", c.MaxUnavailable)
-	}
-	if err := infra.CheckRollout(c.Servers, n); err != nil {
-		return 0, fmt.Errorf("rehearsal config: %w", err)
 	}
 	return n, nil
 }
@@ -227,7 +224,7 @@ type fleetStep struct {
 	timeline Timeline
 }
 
-// steps rolls the scenario's release out once with --max-unavailable n.
+// steps rolls the scenario's release out once with -max-unavailable n.
 func (fc fleetCase) steps(n int, delay time.Duration, st *fleetStep) func(context.Context, *fleet) ([]DeployReport, error) {
 	return func(ctx context.Context, f *fleet) ([]DeployReport, error) {
 		t := f.p.Timing
@@ -248,7 +245,7 @@ func (fc fleetCase) steps(n int, delay time.Duration, st *fleetStep) func(contex
 		}
 		err = observe(ctx, &dr, f.servers, f.lbs, f.load, t, fc.fault == "", func() error {
 			start := time.Now()
-			dr.HookSeconds, dr.ServerSeconds, st.rolloutErr = f.ro.run(ctx, version, "--max-unavailable", strconv.Itoa(n))
+			dr.HookSeconds, dr.ServerSeconds, st.rolloutErr = f.ro.run(ctx, version, n)
 			st.seconds = time.Since(start).Seconds()
 			st.output = f.ro.lastOutput()
 			st.rolledBack = f.ro.rolledBack()
@@ -335,7 +332,7 @@ func finalTable(out string) string {
 // each rollout's own table.
 func (r FleetReport) WriteTable(w io.Writer) error {
 	var b strings.Builder
-	fmt.Fprintf(&b, "Fleet rollouts, %s: %d servers, --max-unavailable %d after a canary of one, up to %d requests/s, every duration × %g, %s.\n",
+	fmt.Fprintf(&b, "Fleet rollouts, %s: %d servers, -max-unavailable %d after a canary of one, up to %d requests/s, every duration × %g, %s.\n",
 		r.Date, r.Servers, r.MaxUnavailable, r.Report.Rate, r.Report.Scale, r.Report.Balancer)
 	tw := tabwriter.NewWriter(&b, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "scenario\texpected\tobserved\tverdict")

@@ -57,12 +57,12 @@ func TestRehearsalFleet(t *testing.T) {
 	d := batched.Deploys[0]
 	assert.Empty(t, d.NotTakenOut, "every node took every server out on its drain")
 	assert.Empty(t, d.LateOut, "no node was late")
-	assert.Contains(t, r.Rows[0].Table, "deployed")
+	assert.Contains(t, r.Rows[0].Table, "deploy: verified and back in service")
 	logs, err := filepath.Glob(filepath.Join(c.RepoRoot, "hooks", "remote-deploy.*.log"))
 	require.NoError(t, err)
 	assert.Empty(t, logs, "a rollback's log stays with its server, out of the repository")
 	for _, row := range r.Rows[1:] {
-		assert.Regexp(t, `(?m)^s1 .* FAILED \(deploy exit \d+\); rolled back$`, row.Table, "the canary, %s", row.Scenario)
+		assert.Regexp(t, `(?m)^s1 .* deploy FAILED: .*; rollback: verified and back in service$`, row.Table, "the canary, %s", row.Scenario)
 	}
 }
 

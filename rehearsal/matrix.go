@@ -3,8 +3,10 @@ package rehearsal
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
+	"math"
 	"slices"
 	"strings"
 	"text/tabwriter"
@@ -24,12 +26,33 @@ type Case struct {
 	Profile string
 	// Breaks are the relations the profile breaks; none for prod.
 	Breaks []infra.Rule
+	// Nodes is how the row's balancer nodes differ from ALB nodes that act
+	// on their checks at once; the zero value: they do not.
+	Nodes NodeBehaviour
 	// Expected is the symptom users would see.
 	Expected string
+	// Clean: the row passes when it shows no symptom at all (prod; a
+	// lagging balancer the evidence drain waits out), and runs without an
+	// error or a disagreement between the load and the nodes' logs. Else
+	// it passes when it shows its symptom.
+	Clean bool
 	// timing derives the profile's unscaled timing from prod.
 	timing func() infra.Timing
 	// observe says what the run showed and whether it is the symptom.
 	observe func(ProfileReport) (observed string, shown bool)
+}
+
+// NodeBehaviour is how a row's balancer nodes differ from ALB nodes that
+// act on their checks at once.
+type NodeBehaviour struct {
+	// Lag: the last node acts on each check's answer this long after the
+	// server gave it (NodeOptions.Lag), at production timing; the row's
+	// scale scales it with the rest.
+	Lag time.Duration
+	// Named: every node names itself in its checks (NodeOptions.Named), so
+	// the servers tell them apart and the evidence drain may end a drain on
+	// their checks.
+	Named bool
 }
 
 // The rows' numbers, each the smallest change that breaks its relation at
@@ -51,19 +74,24 @@ const (
 	brokenKeepAliveMaxRequest = brokenKeepAlive / 2
 )
 
+// observeClean says what a row that must lose nothing showed, and whether
+// anything went wrong.
+func observeClean(p ProfileReport) (string, bool) {
+	bad := p.Total.BadGateway + p.Total.Timeout
+	restarts := p.Total.WatchdogRestarts
+	return fmt.Sprintf("%d 502, %d 504, verified %s, %d watchdog restarts", p.Total.BadGateway, p.Total.Timeout,
+		yesNo(p.Total.Verified), restarts), bad != 0 || restarts != 0 || !p.Total.Verified
+}
+
 // MatrixCases are the matrix's rows, prod first.
 func MatrixCases() []Case {
 	return []Case{
 		{
 			Profile:  ProfileProd,
 			Expected: "none: no 502, no 504, every service verified, no watchdog restart",
+			Clean:    true,
 			timing:   infra.Prod,
-			observe: func(p ProfileReport) (string, bool) {
-				bad := p.Total.BadGateway + p.Total.Timeout
-				restarts := p.Total.WatchdogRestarts
-				return fmt.Sprintf("%d 502, %d 504, verified %s, %d watchdog restarts", p.Total.BadGateway, p.Total.Timeout,
-					yesNo(p.Total.Verified), restarts), bad != 0 || restarts != 0 || !p.Total.Verified
-			},
+			observe:  observeClean,
 		},
 		{
 			Profile:  "short-drain",
@@ -113,6 +141,89 @@ func MatrixCases() []Case {
 	}
 }
 
+// The lagging-balancer rows: a balancer node slower than its numbers,
+// which the contract cannot rule out (nobody outside AWS knows how soon an
+// ALB node acts on a failed check), once with nodes the servers cannot
+// tell apart, so the drain is the fixed one, and once with nodes that name
+// themselves, so the evidence drain sees them.
+const (
+	LaggingFixedDrain = "lagging-balancer-fixed-drain"
+	LaggingEvidence   = "lagging-balancer"
+)
+
+// nodeActs is how long after a responsive server's health turned a node
+// that acts lag after each answer takes it out: on its UnhealthyThreshold-th
+// failed check, the first of which comes within an interval of the turn and
+// each further one an interval later; then lag.
+func nodeActs(t infra.Timing, lag time.Duration) (earliest, latest time.Duration) {
+	earliest = time.Duration(t.UnhealthyThreshold-1)*t.HealthCheckInterval + lag
+	return earliest, earliest + t.HealthCheckInterval
+}
+
+// laggingGap is where a lagging node must act for the two rows to show
+// what they are for: past the fixed drain (Drain), which then closes the
+// listener while the node still sends, so its requests reach nothing; and
+// before the evidence drain, which keeps serving while requests arrive,
+// must stop at MaxDrain: the node's last requests arrive when it acts, and
+// the drain ends DrainQuiet after them.
+func laggingGap(t infra.Timing) (after, before time.Duration) {
+	return t.Drain, t.MaxDrain - t.DrainQuiet
+}
+
+// LaggingLag is the lagging node's lag: its acting, one interval wide
+// (nodeActs), centred in the gap between the drains (laggingGap). With
+// production's numbers a node not lagging takes a server out 5 to 10 s
+// after its health turned, the gap runs from the 15 s fixed drain to 24 s
+// (the 25 s MaxDrain less the 1 s DrainQuiet), and a 12 s lag acts at 17
+// to 22 s, 2 s inside either end.
+func LaggingLag(t infra.Timing) time.Duration {
+	earliest, latest := nodeActs(t, 0)
+	after, before := laggingGap(t)
+	return (after+before)/2 - (earliest+latest)/2
+}
+
+// LaggingCases are the lagging-balancer rows: prod's timing, the last node
+// acting LaggingLag late, the load steady (its quiet spells run below the
+// QuietRequests the evidence drain needs before a drain).
+func LaggingCases() []Case {
+	prod := infra.Prod()
+	lag := LaggingLag(prod)
+	earliest, latest := nodeActs(prod, lag)
+	return []Case{
+		{
+			Profile: LaggingFixedDrain,
+			Nodes:   NodeBehaviour{Lag: lag},
+			Expected: fmt.Sprintf("502s from the lagging node: it takes a server out %v to %v after its health turned, past the %v fixed drain "+
+				"(the servers cannot tell the nodes apart, so the drain is the fixed one)", earliest, latest, prod.Drain),
+			timing:  infra.Prod,
+			observe: observeLagging,
+		},
+		{
+			Profile: LaggingEvidence,
+			Nodes:   NodeBehaviour{Lag: lag, Named: true},
+			Expected: fmt.Sprintf("none: no 502, no 504, every service verified: the nodes name themselves, and the evidence drain serves "+
+				"the lagging node's requests until they stop (%v to %v), within MaxDrain %v", earliest, latest, prod.MaxDrain),
+			Clean:   true,
+			timing:  infra.Prod,
+			observe: observeClean,
+		},
+	}
+}
+
+// observeLagging counts the 502s, and those the lagging nodes answered:
+// the symptom is theirs.
+func observeLagging(p ProfileReport) (string, bool) {
+	var lagging int64
+	for k, n := range p.Total.BadGatewayBy {
+		node, _, _ := strings.Cut(k, "/")
+		if slices.Contains(p.LaggingNodes, node) {
+			lagging += n
+		}
+	}
+	return fmt.Sprintf("%d 502 in %d requests, %d of them from the lagging node %s", p.Total.BadGateway, p.Total.Requests,
+		lagging, strings.Join(p.LaggingNodes, ", ")), lagging > 0
+}
+
 // Unrehearsable says, for every relation no row breaks, why a rehearsal
 // cannot show its symptom.
 var Unrehearsable = map[infra.Rule]string{
@@ -126,7 +237,7 @@ var Unrehearsable = map[infra.Rule]string{
 	infra.RuleStartCovers:       "a start timeout shorter than the first container check fails the first deploy on every server, before any load",
 	infra.RuleHeaderBeforeCut:   "the load sends each request's headers at once: no client trickles them, so the header timeout never runs into a shutdown (drain's TestSlowHeaderDoesNotHoldTheShutdown shows it on loopback)",
 	infra.RuleMaxDrainCovers:    "the drain library refuses a MaxDrain below Drain when the service starts (drain.Config.Validate): no service ever runs with it",
-	infra.RuleQuietCoversSkew:   "the stand-in nodes reach the servers through Docker's userland proxy without naming themselves, so the servers cannot tell them apart and the evidence drain falls back to the fixed drain: a quiet window shorter than the skew never ends a drain here",
+	infra.RuleQuietCoversSkew:   "the stand-in nodes reach the servers through Docker's userland proxy without naming themselves, so the servers cannot tell them apart and the evidence drain falls back to the fixed drain: a quiet window shorter than the skew never ends a drain here; the lagging-balancer row's nodes name themselves, but act at once on their checks or a whole lag late, never within a skew",
 	infra.RuleIdleCoversRequest: "the load's longest request is half the shutdown timeout, far inside the idle timeout; the balancer's 504 for a request past it is pinned by TestFidelity",
 }
 
@@ -162,7 +273,10 @@ func (m Matrix) Failed() bool {
 	return len(m.Rows) == 0
 }
 
-// matrixProfiles scales every case's timing by f.
+// matrixProfiles scales every case's timing by f, and its nodes' lag with
+// it. A row whose nodes differ from plain ones runs its load steady: its
+// symptom is the nodes', and the evidence drain needs QuietRequests before
+// a drain, which the load's quiet spells do not bring.
 func matrixProfiles(f float64, cases []Case) ([]Profile, error) {
 	var out []Profile
 	for _, cs := range cases {
@@ -170,19 +284,53 @@ func matrixProfiles(f float64, cases []Case) ([]Profile, error) {
 		if err := CheckScale(base, f); err != nil {
 			return nil, fmt.Errorf("matrix row %s: %w", cs.Profile, err)
 		}
-		out = append(out, Profile{Name: cs.Profile, Unscaled: base, Timing: base.Scaled(f), Violations: base.Violations(), Breaks: cs.Breaks})
+		nodes := cs.Nodes
+		nodes.Lag = time.Duration(math.Round(float64(nodes.Lag) * f))
+		out = append(out, Profile{Name: cs.Profile, Unscaled: base, Timing: base.Scaled(f), Violations: base.Violations(), Breaks: cs.Breaks,
+			nodes: nodes, steady: nodes != NodeBehaviour{}})
 	}
 	return out, nil
+}
+
+// matrixCases are the rows c runs: the matrix's, and the lagging-balancer
+// rows when c.Lagging.
+func (c Config) matrixCases() []Case {
+	cases := MatrixCases()
+	if c.Lagging {
+		cases = append(cases, LaggingCases()...)
+	}
+	return cases
+}
+
+// ValidateMatrix reports every reason c cannot run the matrix, before
+// anything runs.
+func (c Config) ValidateMatrix() error {
+	c.Profiles = []string{ProfileProd}
+	var errs []error
+	if err := c.Validate(); err != nil {
+		errs = append(errs, err)
+	}
+	if c.Lagging && c.Servers > 0 && c.Scale > 0 {
+		// The evidence drain needs QuietRequests in the DrainQuiet before a
+		// drain; the steady load brings each server its share of the rate.
+		prod := infra.Prod()
+		quiet := prod.Scaled(c.Scale).DrainQuiet
+		if got := float64(c.Rate) / float64(c.Servers) * quiet.Seconds(); got < float64(prod.QuietRequests) {
+			errs = append(errs, fmt.Errorf("rehearsal config: the %s row's evidence drain needs %d requests per server in the %v before a drain (QuietRequests in DrainQuiet); %d requests/s over %d servers bring %.1f: raise Rate to %d or run fewer servers",
+				LaggingEvidence, prod.QuietRequests, quiet, c.Rate, c.Servers, got, int(math.Ceil(float64(prod.QuietRequests)*float64(c.Servers)/quiet.Seconds()))))
+		}
+	}
+	return errors.Join(errs...)
 }
 
 // RunMatrix runs every row of the matrix with c's servers, deploys, rate and
 // scale (c.Profiles is ignored) and judges each.
 func RunMatrix(ctx context.Context, c Config) (Matrix, error) {
-	c.Profiles = []string{ProfileProd}
-	if err := c.Validate(); err != nil {
+	if err := c.ValidateMatrix(); err != nil {
 		return Matrix{}, err
 	}
-	cases := MatrixCases()
+	c.Profiles = []string{ProfileProd}
+	cases := c.matrixCases()
 	profiles, err := matrixProfiles(c.Scale, cases)
 	if err != nil {
 		return Matrix{}, err
@@ -202,32 +350,42 @@ func RunMatrix(ctx context.Context, c Config) (Matrix, error) {
 		}
 	}
 	for i, cs := range cases {
-		row := MatrixRow{Profile: cs.Profile, Expected: cs.Expected, Verdict: "FAIL"}
-		for _, b := range cs.Breaks {
-			row.Breaks = append(row.Breaks, string(b))
-		}
-		if e := byName[cs.Profile]; e != nil {
-			row.Error = e.Error()
-		}
+		var pr *ProfileReport
 		if i < len(rep.Profiles) {
-			obs, shown := cs.observe(rep.Profiles[i])
-			row.Observed = obs
-			ok := shown
-			if cs.Profile == ProfileProd {
-				ok = !shown && row.Error == "" && len(rep.Profiles[i].CrossCheck) == 0
-			}
-			if ok {
-				row.Verdict = "pass"
-			}
-		} else {
-			row.Observed = "not run"
+			pr = &rep.Profiles[i]
 		}
-		m.Rows = append(m.Rows, row)
+		m.Rows = append(m.Rows, cs.judge(pr, byName[cs.Profile]))
 	}
 	if ctx.Err() != nil {
 		return m, ctx.Err()
 	}
 	return m, nil
+}
+
+// judge is the row's verdict on what its profile showed (nil: it did not
+// run) and what stopped it.
+func (cs Case) judge(pr *ProfileReport, runErr error) MatrixRow {
+	row := MatrixRow{Profile: cs.Profile, Expected: cs.Expected, Verdict: "FAIL"}
+	for _, b := range cs.Breaks {
+		row.Breaks = append(row.Breaks, string(b))
+	}
+	if runErr != nil {
+		row.Error = runErr.Error()
+	}
+	if pr == nil {
+		row.Observed = "not run"
+		return row
+	}
+	obs, shown := cs.observe(*pr)
+	row.Observed = obs
+	ok := shown
+	if cs.Clean {
+		ok = !shown && row.Error == "" && len(pr.CrossCheck) == 0
+	}
+	if ok {
+		row.Verdict = "pass"
+	}
+	return row
 }
 
 // WriteTable writes m as a table, a row per profile, then why the other

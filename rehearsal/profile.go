@@ -5,9 +5,10 @@
 // behind two HAProxy nodes that health-check them independently, as ALB
 // nodes do, with every health-check number taken from infra.Timing. A load
 // generator sends a steady rate of requests through both balancers while the
-// real rollout script runs the real deploy hook on every server in turn, D
-// times, waiting between servers until both balancer nodes have the new one
-// back; the real watchdog runs on every server on its own timer. Each
+// rollout CI runs (package rollout) runs the real deploy hook on every
+// server in turn, D times, waiting between servers until both balancer
+// nodes have the new one back; the real watchdog runs on every server on
+// its own timer. Each
 // response is classified (2xx, 502, 503, 504, other, client error) and
 // reported per deploy.
 //
@@ -66,6 +67,23 @@ type Profile struct {
 	steps func(context.Context, *fleet) ([]DeployReport, error)
 	// steady keeps the load at its rate throughout, without quiet spells.
 	steady bool
+	// nodes is how the profile's balancer nodes differ from plain ones,
+	// its lag scaled with Timing.
+	nodes NodeBehaviour
+}
+
+// nodeOptions are the options of the profile's n balancer nodes, lb1 to
+// lbn: all named if the profile's nodes are, the last one lagging if they
+// lag. A profile whose nodes are plain gets plain nodes.
+func (p Profile) nodeOptions(n int) []NodeOptions {
+	out := make([]NodeOptions, n)
+	for i := range out {
+		out[i] = NodeOptions{Name: fmt.Sprintf("lb%d", i+1), Named: p.nodes.Named}
+	}
+	if n > 0 {
+		out[n-1].Lag = p.nodes.Lag
+	}
+	return out
 }
 
 // Before returns the article's old setup: Prod with only the numbers the

@@ -23,6 +23,7 @@ import (
 
 	"github.com/mythex/infra/hooks"
 	"github.com/mythex/infra/infra"
+	rolloutpkg "github.com/mythex/infra/rollout"
 )
 
 // Config is one rehearsal.
@@ -48,21 +49,31 @@ type Config struct {
 	HAProxy string
 	// Progress receives a line per step; nil means none.
 	Progress io.Writer
-	// SSH deploys through the rollout's own ssh_deploy to a loopback sshd
-	// and awaits re-entry with its own describe-target-health polling,
-	// answered from the balancer nodes: production's path (sshPath).
+	// SSH deploys through the rollout's ssh transport (rollout.SSH) to a
+	// loopback sshd and awaits re-entry through its describe-target-health
+	// client (rollout.ELB), answered from the balancer nodes: production's
+	// path (sshPath).
 	SSH bool
-	// MaxUnavailable is the rollout's --max-unavailable (a count or a
+	// MaxUnavailable is the rollout's -max-unavailable (a count or a
 	// percentage); "" leaves the rollout's default, one server at a time.
 	MaxUnavailable string
+	// Lagging adds the lagging-balancer rows to the matrix (RunMatrix).
+	Lagging bool
 }
 
-// rolloutFlags are the rollout's options for c.
-func (c Config) rolloutFlags() []string {
+// maxUnavailable is the rollout's -max-unavailable for c's servers.
+func (c Config) maxUnavailable() (int, error) {
 	if c.MaxUnavailable == "" {
-		return nil
+		return infra.DefaultMaxUnavailable, nil
 	}
-	return []string{"--max-unavailable", c.MaxUnavailable}
+	n, err := rolloutpkg.ParseMaxUnavailable(c.MaxUnavailable, c.Servers)
+	if err != nil {
+		return 0, fieldErr("MaxUnavailable", "%v", err)
+	}
+	if err := infra.CheckRollout(c.Servers, n); err != nil {
+		return 0, fieldErr("MaxUnavailable", "%q: %v", c.MaxUnavailable, err)
+	}
+	return n, nil
 }
 
 // DefaultNodes is the fewest nodes an ALB has: one in each of two zones.
@@ -103,6 +114,11 @@ func (c Config) Validate() error {
 	}
 	if _, err := Profiles(c.Scale, c.Profiles...); err != nil {
 		errs = append(errs, err)
+	}
+	if c.Servers >= 1 {
+		if _, err := c.maxUnavailable(); err != nil {
+			errs = append(errs, err)
+		}
 	}
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("rehearsal config: %w", err)
@@ -362,13 +378,17 @@ func (c Config) runProfile(ctx context.Context, p Profile, id, dir string, img *
 	}()
 	// Each node with its own checks, as every ALB node checks every target
 	// on its own.
-	for i := 1; i <= c.nodes(); i++ {
-		name := fmt.Sprintf("lb%d", i)
-		b, err := StartBalancer(ctx, c.HAProxy, name, filepath.Join(dir, name), t, upstreams)
+	for _, o := range p.nodeOptions(c.nodes()) {
+		b, err := StartNode(ctx, c.HAProxy, filepath.Join(dir, o.Name), t, upstreams, o)
 		if err != nil {
 			return pr, err
 		}
 		lbs = append(lbs, b)
+		if o.Lag > 0 {
+			pr.LaggingNodes = append(pr.LaggingNodes, o.Name)
+			pr.Lag = o.Lag.Seconds()
+		}
+		pr.NamedNodes = o.Named
 	}
 	for _, s := range servers {
 		if err := awaitInService(ctx, lbs, s.addr, t.StartTimeout); err != nil {
@@ -397,7 +417,7 @@ func (c Config) runProfile(ctx context.Context, p Profile, id, dir string, img *
 		}
 		defer sp.close()
 	}
-	ro, err := newRollout(c.RepoRoot, dir, servers, lbs, t, sp)
+	ro, err := newRollout(dir, servers, lbs, t, sp)
 	if err != nil {
 		return pr, err
 	}
@@ -544,9 +564,13 @@ func (c Config) deploy(ctx context.Context, p Profile, id string, d int, servers
 	if err := img.tag(ctx, version); err != nil {
 		return dr, err
 	}
-	err := observe(ctx, &dr, servers, lbs, load, t, true, func() error {
+	n, err := c.maxUnavailable()
+	if err != nil {
+		return dr, err
+	}
+	err = observe(ctx, &dr, servers, lbs, load, t, true, func() error {
 		var err error
-		dr.HookSeconds, dr.ServerSeconds, err = ro.run(ctx, version, c.rolloutFlags()...)
+		dr.HookSeconds, dr.ServerSeconds, err = ro.run(ctx, version, n)
 		return err
 	})
 	return dr, err

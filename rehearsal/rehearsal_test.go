@@ -131,4 +131,16 @@ func TestConfigValidate(t *testing.T) {
 	}
 	_, err = Run(context.Background(), bad)
 	assert.ErrorContains(t, err, "RepoRoot is empty", "Run refuses what Validate refuses, before touching Docker")
+
+	for arg, want := range map[string]string{
+		"3":   "maxUnavailable 3 must be below servers 3",
+		"two": `-max-unavailable "two" must be a count (1 or more) or a percentage`,
+		"0%":  `-max-unavailable "0%" must be a count`,
+	} {
+		c := good
+		c.MaxUnavailable = arg
+		assert.ErrorContains(t, c.Validate(), want, "the rollout's -max-unavailable, checked before anything runs")
+	}
+	good.MaxUnavailable = "67%"
+	assert.NoError(t, good.Validate(), "two of three")
 }

@@ -61,7 +61,12 @@ func (b *Balancer) Reload(ctx context.Context, t infra.Timing) error {
 }
 
 func (b *Balancer) reload(ctx context.Context, t infra.Timing) error {
-	cfg, err := HAProxyConfig(t, b.Port, b.upstreams)
+	if len(b.shims) > 0 {
+		// Its shims make its checks on its schedule, which new numbers
+		// would move under them.
+		return errors.New("a lagging node keeps its numbers")
+	}
+	cfg, err := HAProxyConfig(t, b.Port, b.upstreams, b.checks)
 	if err != nil {
 		return err
 	}

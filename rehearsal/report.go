@@ -51,6 +51,12 @@ type ProfileReport struct {
 	// Terminations counts the nodes' answers per HAProxy termination state
 	// ("--" normal, "SC" refused, "SH" closed with the request outstanding).
 	Terminations map[string]int64 `json:"terminations"`
+	// LaggingNodes are the nodes that acted Lag seconds after the servers
+	// answered their checks; NamedNodes says every node named itself in
+	// its checks (NodeOptions).
+	LaggingNodes []string `json:"lagging_nodes,omitempty"`
+	Lag          float64  `json:"lag_s,omitempty"`
+	NamedNodes   bool     `json:"named_nodes,omitempty"`
 }
 
 // TimingSummary is the part of a timing a reader needs to judge a run.
@@ -200,6 +206,12 @@ func (r Report) WriteTable(w io.Writer) error {
 			tm.HealthyThreshold, tm.Reentry, tm.ServerDeployMin)
 		for _, v := range p.Violations {
 			fmt.Fprintf(&b, "  breaks %s\n", v)
+		}
+		if len(p.LaggingNodes) > 0 {
+			fmt.Fprintf(&b, "  %s acts %gs after the servers answer its checks\n", strings.Join(p.LaggingNodes, ", "), p.Lag)
+		}
+		if p.NamedNodes {
+			b.WriteString("  every node names itself in its checks\n")
 		}
 		tw := tabwriter.NewWriter(&b, 0, 0, 2, ' ', tabwriter.AlignRight)
 		fmt.Fprintln(tw, "deploy\trequests\t2xx\t502\t503\t504\tother\tclient errors\ts/server\t× min\ttaken out\twatchdog runs\twatchdog restarts\tverified\t")

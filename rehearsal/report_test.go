@@ -112,6 +112,14 @@ func TestWriteTable(t *testing.T) {
 	}
 	assert.Equal(t, strings.Fields("total 2000 1990 0 10 0 0 0 6.25 1.25 8 5 0 yes"), strings.Fields(prodTotal))
 	assert.Contains(t, out, "10× dial tcp 127.0.0.1:1: connect: connection refused", "client errors are named")
+	assert.NotContains(t, out, "acts", "plain nodes are not remarked on")
+	assert.NotContains(t, out, "names itself")
+
+	r := goodReport()
+	r.Profiles[0].LaggingNodes, r.Profiles[0].Lag, r.Profiles[0].NamedNodes = []string{"lb2"}, 2.4, true
+	b.Reset()
+	require.NoError(t, r.WriteTable(&b))
+	assert.Contains(t, b.String(), "\n  lb2 acts 2.4s after the servers answer its checks\n  every node names itself in its checks\n")
 }
 
 func TestWriteJSON(t *testing.T) {

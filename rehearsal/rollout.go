@@ -6,54 +6,55 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
-	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
 	"time"
 
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/elasticloadbalancingv2"
+	"github.com/aws/aws-sdk-go-v2/service/elasticloadbalancingv2/types"
+
+	"github.com/mythex/infra/hooks/targethealth"
 	"github.com/mythex/infra/infra"
+	rolloutpkg "github.com/mythex/infra/rollout"
 )
 
-// rollout runs the real hooks/rollout, the script CI runs: it walks the
-// servers in order and stops at the first that fails. Its two seams are
-// production's ssh and `aws elbv2 wait target-in-service`; the rehearsal
-// plugs in its own through a loopback control endpoint, which two small
-// generated commands call with curl:
+// rollout runs the fleet rollout CI runs, rollout.Run (cmd/rollout's), in
+// this process. Its two seams are production's by default but for the
+// ends:
 //
-//   - MYTHEX_DEPLOY_CMD SERVER ARGS... runs remote-deploy's work with that
-//     simulated server's environment: the deploy hook for VERSION (the
-//     rehearsal has no systemd for bootstrap), or remote-deploy itself for
-//     --status and --rollback VERSION;
-//   - MYTHEX_WAIT_IN_SERVICE SERVER returns once every balancer node has the
-//     server back in rotation (HealthTracker).
+//   - its Transport runs remote-deploy's work on the simulated server it
+//     names, with that server's environment: the deploy hook for VERSION
+//     (the rehearsal has no systemd for bootstrap), remote-deploy itself
+//     for --status and --rollback VERSION;
+//   - its Balancer is rollout.ELB, production's wait for re-entry, paced
+//     and bounded by the contract; the describe-target-health calls it
+//     makes are answered here from the balancer nodes' own verdicts
+//     (HealthTracker): healthy once every node routes to the server.
 //
-// The endpoint also times each server, from its deploy starting to its
-// return to service.
+// Under -ssh (sshPath) both are production's: rollout.SSH to a loopback
+// sshd, and rollout.ELB through the AWS SDK to a describe-target-health
+// stand-in answering from the same verdicts.
+//
+// Either way each server is timed from its deploy starting to its deploy
+// ending and to its return to service, as the rollout sees them.
 type rollout struct {
-	script    string
-	servers   []*server
-	lbs       []*Balancer
-	timing    infra.Timing
-	deployCmd string
-	waitCmd   string
-	log       *os.File
-	srv       *http.Server
-	// ssh, when set, replaces both seams by production's path.
+	servers []*server
+	lbs     []*Balancer
+	log     *os.File
+	// ssh, when set, replaces both ends by production's path.
 	ssh *sshPath
-	// version is the one being rolled out.
-	version string
-	// release, when set, is shipped to each server just before its deploy
-	// (ship); timing is then that release's. Both under mu.
-	release string
 
 	mu sync.Mutex
-	// rollbacks counts the servers the rollout sent back to their release
-	// before.
+	// timing is the rollout's: its bounds and the release's. release,
+	// when set, is shipped to each server just before its deploy (ship).
+	timing  infra.Timing
+	release string
+	// rollbacks counts the servers the last run sent back to their
+	// release before.
 	rollbacks int
 	// output is the last run's output (its tail).
 	output string
@@ -117,91 +118,16 @@ func timelineOf(began, ended time.Time, start map[string]time.Time, total map[st
 	return tl
 }
 
-// newRollout starts the control endpoint and writes the two commands into
-// dir.
-func newRollout(repo, dir string, servers []*server, lbs []*Balancer, t infra.Timing, sp *sshPath) (*rollout, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return nil, fmt.Errorf("rollout control endpoint: %w", err)
-	}
+// newRollout sets the rollout up for servers behind lbs, its log in dir.
+func newRollout(dir string, servers []*server, lbs []*Balancer, t infra.Timing, sp *sshPath) (*rollout, error) {
 	log, err := os.Create(filepath.Join(dir, "rollout.log"))
 	if err != nil {
-		_ = l.Close()
 		return nil, fmt.Errorf("rollout log: %w", err)
 	}
-	r := &rollout{
-		script:    filepath.Join(repo, "hooks", "rollout"),
-		servers:   servers,
-		lbs:       lbs,
-		timing:    t,
-		deployCmd: filepath.Join(dir, "deploy-server"),
-		waitCmd:   filepath.Join(dir, "wait-in-service"),
-		log:       log,
-		ssh:       sp,
-	}
-	if sp != nil {
-		r.script = filepath.Join(sp.ship, "rollout")
-	}
-	control := "http://" + l.Addr().String()
-	for _, c := range []struct {
-		path, doc, usage string
-		min, max         int
-		route            string
-	}{
-		{r.deployCmd, "the rollout's MYTHEX_DEPLOY_CMD: runs remote-deploy ARGS (VERSION, --status or --rollback VERSION) on the simulated SERVER",
-			"SERVER ARGS...", 2, 3, "/deploy"},
-		{r.waitCmd, "the rollout's MYTHEX_WAIT_IN_SERVICE: returns once every balancer node routes to SERVER", "SERVER", 1, 1, "/in-service"},
-	} {
-		if err := os.WriteFile(c.path, []byte(controlScript(c.doc, c.usage, c.min, c.max, control+c.route)), 0o755); err != nil {
-			_ = l.Close()
-			_ = log.Close()
-			return nil, fmt.Errorf("rollout command: %w", err)
-		}
-	}
-	mux := http.NewServeMux()
-	mux.HandleFunc("POST /deploy", r.handleDeploy)
-	mux.HandleFunc("POST /in-service", r.handleInService)
-	r.srv = &http.Server{Handler: mux, ReadHeaderTimeout: t.HealthCheckTimeout}
-	go func() { _ = r.srv.Serve(l) }()
-	return r, nil
-}
-
-// controlScript is a command the rollout calls: one curl to the control
-// endpoint with the server and the other arguments as form values, whose
-// answer (the hook's output, or why the server is not back) it prints; it
-// fails when the endpoint does.
-func controlScript(doc, usage string, minArgs, maxArgs int, url string) string {
-	return `#!/usr/bin/env bash
-# Generated by the rehearsal: ` + doc + `,
-# through the rehearsal's loopback control endpoint.
-set -euo pipefail
-
-readonly CONTROL_URL="` + url + `"
-
-err() {
-  printf '%s\n' "$*" >&2
-}
-
-main() {
-  local form=() arg
-  if (($# < ` + fmt.Sprint(minArgs) + ` || $# > ` + fmt.Sprint(maxArgs) + `)); then
-    err "usage: ${0##*/} ` + usage + `"
-    exit 2
-  fi
-  form=(--data-urlencode "server=$1")
-  shift
-  for arg in "$@"; do
-    form+=(--data-urlencode "arg=$arg")
-  done
-  curl --silent --show-error --fail-with-body "${form[@]}" "$CONTROL_URL"
-}
-
-main "$@"
-`
+	return &rollout{servers: servers, lbs: lbs, timing: t, log: log, ssh: sp}, nil
 }
 
 func (r *rollout) close() {
-	_ = r.srv.Close()
 	_ = r.log.Close()
 }
 
@@ -214,119 +140,6 @@ func (r *rollout) server(name string) (*server, error) {
 	return nil, fmt.Errorf("no server %q", name)
 }
 
-func (r *rollout) handleDeploy(w http.ResponseWriter, req *http.Request) {
-	s, err := r.server(req.FormValue("server"))
-	if err != nil {
-		http.Error(w, err.Error(), http.StatusNotFound)
-		return
-	}
-	if err := req.ParseForm(); err != nil {
-		http.Error(w, err.Error(), http.StatusBadRequest)
-		return
-	}
-	args := req.PostForm["arg"]
-	switch {
-	case len(args) == 1 && args[0] == "--status":
-		r.handleStatus(w, req, s)
-		return
-	case len(args) == 2 && args[0] == "--rollback":
-		r.handleRollback(w, req, s, args[1])
-		return
-	case len(args) != 1 || strings.HasPrefix(args[0], "-"):
-		http.Error(w, fmt.Sprintf("remote-deploy arguments %q: want VERSION, --status or --rollback VERSION", args), http.StatusBadRequest)
-		return
-	}
-	start := time.Now()
-	r.mu.Lock()
-	r.start[s.name] = start
-	release, t := r.release, r.timing
-	r.mu.Unlock()
-	if release != "" {
-		if err := s.ship(release); err != nil {
-			http.Error(w, err.Error(), http.StatusInternalServerError)
-			return
-		}
-	}
-	// The hook bounds itself; this bound only catches a hung one.
-	ctx, cancel := context.WithTimeout(req.Context(), t.ServerDeployMax())
-	defer cancel()
-	err = s.hook(ctx, "deploy", args[0])
-	r.mu.Lock()
-	r.hook[s.name] = time.Since(start).Seconds()
-	r.mu.Unlock()
-	if err != nil {
-		http.Error(w, err.Error(), http.StatusInternalServerError)
-		return
-	}
-	fmt.Fprintf(w, "%s deployed in %.2fs (its log: %s)\n", s.name, time.Since(start).Seconds(), s.log.Name())
-}
-
-// handleStatus answers what remote-deploy --status prints on the server;
-// its messages go to the server's log.
-func (r *rollout) handleStatus(w http.ResponseWriter, req *http.Request, s *server) {
-	r.mu.Lock()
-	t := r.timing
-	r.mu.Unlock()
-	ctx, cancel := context.WithTimeout(req.Context(), t.ServerDeployMax())
-	defer cancel()
-	var out, errs bytes.Buffer
-	cmd := s.Command(ctx, "remote-deploy", "--status")
-	cmd.Stdout = &out
-	cmd.Stderr = io.MultiWriter(s.log, &errs)
-	if err := cmd.Run(); err != nil {
-		http.Error(w, fmt.Sprintf("remote-deploy --status on %s: %v\n%s", s.name, err, tail(errs.Bytes(), 2000)), http.StatusInternalServerError)
-		return
-	}
-	_, _ = w.Write(out.Bytes())
-}
-
-// handleRollback runs remote-deploy --rollback VERSION on the server, timed
-// like a deploy.
-func (r *rollout) handleRollback(w http.ResponseWriter, req *http.Request, s *server, version string) {
-	start := time.Now()
-	r.mu.Lock()
-	// A rollback is not a deploy: the server's times stay its deploy's.
-	delete(r.start, s.name)
-	t := r.timing
-	r.rollbacks++
-	r.mu.Unlock()
-	ctx, cancel := context.WithTimeout(req.Context(), t.ServerDeployMax())
-	defer cancel()
-	// Its log beside the server's, not in the repository's hooks/.
-	var out bytes.Buffer
-	cmd := s.Command(ctx, "remote-deploy", "--rollback", version)
-	cmd.Env = append(cmd.Env, "MYTHEX_REMOTE_LOG_DIR="+s.Root)
-	cmd.Stdout = io.MultiWriter(s.log, &out)
-	cmd.Stderr = cmd.Stdout
-	if err := cmd.Run(); err != nil {
-		err = fmt.Errorf("remote-deploy --rollback %s on %s: %w\n%s", version, s.name, err, tail(out.Bytes(), 3000))
-		http.Error(w, err.Error(), http.StatusInternalServerError)
-		return
-	}
-	fmt.Fprintf(w, "%s back on %s in %.2fs (its log: %s)\n", s.name, version, time.Since(start).Seconds(), s.log.Name())
-}
-
-func (r *rollout) handleInService(w http.ResponseWriter, req *http.Request) {
-	s, err := r.server(req.FormValue("server"))
-	if err != nil {
-		http.Error(w, err.Error(), http.StatusNotFound)
-		return
-	}
-	r.mu.Lock()
-	t := r.timing
-	r.mu.Unlock()
-	if err := awaitInService(req.Context(), r.lbs, s.addr, t.StartTimeout); err != nil {
-		http.Error(w, err.Error(), http.StatusGatewayTimeout)
-		return
-	}
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if start, ok := r.start[s.name]; ok {
-		r.total[s.name] = time.Since(start).Seconds()
-	}
-	fmt.Fprintf(w, "%s in service on every balancer node\n", s.name)
-}
-
 // shipping makes the next runs ship release, of timing t, to each server
 // just before its deploy, as the rollout ships a new release with its hooks.
 func (r *rollout) shipping(release string, t infra.Timing) {
@@ -335,35 +148,47 @@ func (r *rollout) shipping(release string, t infra.Timing) {
 	r.release, r.timing = release, t
 }
 
-// run rolls version across every server with the real rollout script,
-// flags before the version, and returns, in server order, the seconds each
-// server's deploy hook ran and the seconds until it was back in service,
+// run rolls version across every server, at most maxUnavailable of them
+// out at once after the canary, and returns, in server order, the seconds
+// each server's deploy ran and the seconds until it was back in service,
 // for the servers it finished. The rollout's output is kept (lastOutput).
-func (r *rollout) run(ctx context.Context, version string, flags ...string) (hook, total []float64, err error) {
+// ctx ends the rehearsal: it cancels the rollout and cuts the hooks it
+// left running.
+func (r *rollout) run(ctx context.Context, version string, maxUnavailable int) (hook, total []float64, err error) {
 	r.mu.Lock()
 	r.start, r.hook, r.total = map[string]time.Time{}, map[string]float64{}, map[string]float64{}
-	r.version = version
 	r.rollbacks = 0
+	t := r.timing
 	r.mu.Unlock()
-	args := append(slices.Clone(flags), version)
-	for _, s := range r.servers {
-		args = append(args, s.name)
-	}
 	out := &ringBuffer{max: 64 << 10}
-	cmd := exec.CommandContext(ctx, r.script, args...)
-	cmd.Env = append(environWithout("MYTHEX_"),
-		"MYTHEX_DEPLOY_CMD="+r.deployCmd,
-		"MYTHEX_WAIT_IN_SERVICE="+r.waitCmd,
-	)
-	cmd.Stdout = io.MultiWriter(r.log, out)
-	if r.ssh != nil {
-		cmd.Env = append(environWithout("MYTHEX_", "PATH"), r.ssh.env...)
-		cmd.Stdout = io.MultiWriter(r.log, out, &lineClock{r: r})
+	w := &lockedWriter{w: io.MultiWriter(r.log, out)}
+	var names []string
+	for _, s := range r.servers {
+		names = append(names, s.name)
 	}
-	cmd.Stderr = cmd.Stdout
+	cfg := rolloutpkg.Config{Version: version, Servers: names, MaxUnavailable: maxUnavailable, Timing: t, Log: w}
+	var transport rolloutpkg.Transport = &simTransport{r: r, ctx: ctx, out: w}
+	elb := rolloutpkg.ELB{API: nodesAPI{servers: r.servers, lbs: r.lbs, port: r.servers[0].AppPort},
+		TargetGroupARN: rehearsalTargetGroup, Port: r.servers[0].AppPort, Timing: t, Log: w}
+	if r.ssh != nil {
+		transport = r.ssh.transport(version, t, w)
+		elb.API = r.ssh.elb
+	}
+	cfg.Transport, cfg.Balancer = timed{r: r, t: transport}, timed{r: r, b: elb}
+	// The rollout's inputs as cmd/rollout checks them; the timing alone is
+	// the profile's to break (matrix.md), and its bounds are still derived
+	// from it.
+	check := cfg
+	check.Timing = infra.Prod()
+	if err := check.Check(); err != nil {
+		return nil, nil, fmt.Errorf("rollout %s: %w", version, err)
+	}
 	began := time.Now()
-	runErr := cmd.Run()
+	rep := rolloutpkg.Run(ctx, cfg)
 	ended := time.Now()
+	if err := rep.WriteTable(w); err != nil {
+		return nil, nil, err
+	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.output = out.String()
@@ -376,26 +201,230 @@ func (r *rollout) run(ctx context.Context, version string, flags ...string) (hoo
 		hook = append(hook, r.hook[s.name])
 		total = append(total, secs)
 	}
-	if runErr != nil {
-		return hook, total, fmt.Errorf("rollout %s: %w\n%s", version, runErr, out.String())
+	if rep.Outcome != rolloutpkg.Deployed {
+		return hook, total, fmt.Errorf("rollout %s: %s\n%s", version, rep.Outcome, r.output)
 	}
 	if len(total) != len(r.servers) {
-		return hook, total, errors.New("rollout " + version + " succeeded but did not wait for every server to be back in service:\n" + out.String())
+		return hook, total, errors.New("rollout " + version + " succeeded but did not wait for every server to be back in service:\n" + r.output)
 	}
 	return hook, total, nil
 }
 
-// environWithout is the environment minus every variable starting with
-// prefix, so the caller's settings never leak into a simulated server's.
-func environWithout(prefix string, names ...string) []string {
-	var env []string
-	for _, kv := range os.Environ() {
-		name, _, _ := strings.Cut(kv, "=")
-		if !strings.HasPrefix(kv, prefix) && !slices.Contains(names, name) {
-			env = append(env, kv)
+// timed times each server through the rollout's seams: from its deploy's
+// start to the deploy's end (hook) and to its return to service (total),
+// and counts the rollbacks. A rollback is not a deploy: the server's times
+// stay its deploy's.
+type timed struct {
+	r *rollout
+	t rolloutpkg.Transport
+	b rolloutpkg.Balancer
+}
+
+func (x timed) Status(ctx context.Context, server string) (rolloutpkg.Status, error) {
+	return x.t.Status(ctx, server)
+}
+
+func (x timed) Deploy(ctx context.Context, server, version string) error {
+	start := time.Now()
+	x.r.mu.Lock()
+	x.r.start[server] = start
+	x.r.mu.Unlock()
+	err := x.t.Deploy(ctx, server, version)
+	x.r.mu.Lock()
+	x.r.hook[server] = time.Since(start).Seconds()
+	x.r.mu.Unlock()
+	return err
+}
+
+func (x timed) Rollback(ctx context.Context, server, version string) error {
+	x.r.mu.Lock()
+	delete(x.r.start, server)
+	x.r.rollbacks++
+	x.r.mu.Unlock()
+	return x.t.Rollback(ctx, server, version)
+}
+
+func (x timed) Attach(ctx context.Context, server, version string) (rolloutpkg.Status, error) {
+	return x.t.Attach(ctx, server, version)
+}
+
+func (x timed) WaitInService(ctx context.Context, server string) error {
+	err := x.b.WaitInService(ctx, server)
+	x.r.mu.Lock()
+	defer x.r.mu.Unlock()
+	if start, ok := x.r.start[server]; ok && err == nil {
+		x.r.total[server] = time.Since(start).Seconds()
+	}
+	return err
+}
+
+// simTransport runs remote-deploy's work on the simulated servers. Each
+// call ends with the rollout's bound, or with ctx, the rehearsal's. What a
+// call printed goes to the server's log; a failed call's last lines go to
+// the rollout's output too, after the server's name, as ssh relays them.
+type simTransport struct {
+	r   *rollout
+	ctx context.Context
+	out io.Writer
+}
+
+// calls is ctx, ended by the rehearsal's end as well.
+func (st *simTransport) call(ctx context.Context) (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithCancel(ctx)
+	stop := context.AfterFunc(st.ctx, cancel)
+	return ctx, func() { stop(); cancel() }
+}
+
+// relay writes the last lines of a failed call's output to the rollout's
+// output, and where the whole of it is.
+func (st *simTransport) relay(s *server, b []byte) {
+	for _, l := range strings.Split(string(tail(b, 3000)), "\n") {
+		fmt.Fprintf(st.out, "[%s] %s\n", s.name, l)
+	}
+	fmt.Fprintf(st.out, "[%s] its log: %s\n", s.name, s.log.Name())
+}
+
+func (st *simTransport) Status(ctx context.Context, name string) (rolloutpkg.Status, error) {
+	s, err := st.r.server(name)
+	if err != nil {
+		return rolloutpkg.Status{}, err
+	}
+	ctx, cancel := st.call(ctx)
+	defer cancel()
+	var out, errs bytes.Buffer
+	cmd := s.Command(ctx, "remote-deploy", "--status")
+	cmd.Stdout = &out
+	cmd.Stderr = io.MultiWriter(s.log, &errs)
+	if err := cmd.Run(); err != nil {
+		st.relay(s, errs.Bytes())
+		return rolloutpkg.Status{}, fmt.Errorf("remote-deploy --status on %s: %w", name, err)
+	}
+	return rolloutpkg.ParseStatus(out.String())
+}
+
+// Attach answers as remote-deploy --attach does: the server's status once
+// the deploy or rollback of version has let go of the lock, and how it
+// ended. A call in process never drops, so the rollout asks it only if a
+// server's call failed as ssh does.
+func (st *simTransport) Attach(ctx context.Context, name, version string) (rolloutpkg.Status, error) {
+	s, err := st.r.server(name)
+	if err != nil {
+		return rolloutpkg.Status{}, err
+	}
+	ctx, cancel := st.call(ctx)
+	defer cancel()
+	var out, errs bytes.Buffer
+	cmd := s.Command(ctx, "remote-deploy", "--attach", version)
+	cmd.Stdout = &out
+	cmd.Stderr = io.MultiWriter(s.log, &errs)
+	if err := cmd.Run(); err != nil {
+		st.relay(s, errs.Bytes())
+		return rolloutpkg.Status{}, fmt.Errorf("remote-deploy --attach %s on %s: %w", version, name, err)
+	}
+	stat, err := rolloutpkg.ParseStatus(out.String())
+	if err != nil {
+		return rolloutpkg.Status{}, err
+	}
+	for _, line := range strings.Split(out.String(), "\n") {
+		if rec, ok := strings.CutPrefix(line, "last-deploy "); ok {
+			stat.Last = rec
 		}
 	}
-	return env
+	return stat, nil
+}
+
+func (st *simTransport) Deploy(ctx context.Context, name, version string) error {
+	s, err := st.r.server(name)
+	if err != nil {
+		return err
+	}
+	st.r.mu.Lock()
+	release := st.r.release
+	st.r.mu.Unlock()
+	if release != "" {
+		if err := s.ship(release); err != nil {
+			return err
+		}
+	}
+	ctx, cancel := st.call(ctx)
+	defer cancel()
+	start := time.Now()
+	var out bytes.Buffer
+	cmd := s.Command(ctx, "deploy", version)
+	cmd.Stdout = io.MultiWriter(s.log, &out)
+	cmd.Stderr = cmd.Stdout
+	if err := cmd.Run(); err != nil {
+		st.relay(s, out.Bytes())
+		return fmt.Errorf("deploy %s on %s: %w", version, name, err)
+	}
+	fmt.Fprintf(st.out, "[%s] deployed %s in %.2fs (its log: %s)\n", name, version, time.Since(start).Seconds(), s.log.Name())
+	return nil
+}
+
+func (st *simTransport) Rollback(ctx context.Context, name, version string) error {
+	s, err := st.r.server(name)
+	if err != nil {
+		return err
+	}
+	ctx, cancel := st.call(ctx)
+	defer cancel()
+	start := time.Now()
+	var out bytes.Buffer
+	cmd := s.Command(ctx, "remote-deploy", "--rollback", version)
+	// Its log beside the server's, not in the repository's hooks/.
+	cmd.Env = append(cmd.Env, "MYTHEX_REMOTE_LOG_DIR="+s.Root)
+	cmd.Stdout = io.MultiWriter(s.log, &out)
+	cmd.Stderr = cmd.Stdout
+	if err := cmd.Run(); err != nil {
+		st.relay(s, out.Bytes())
+		return fmt.Errorf("remote-deploy --rollback %s on %s: %w", version, name, err)
+	}
+	fmt.Fprintf(st.out, "[%s] back on %s in %.2fs (its log: %s)\n", name, version, time.Since(start).Seconds(), s.log.Name())
+	return nil
+}
+
+// nodesAPI answers describe-target-health in process from the balancer
+// nodes' verdicts (targetHealth): what rollout.ELB asks the target group.
+// Every server is a target of the one port the rollout is given; by
+// default each simulated server listens on a port of its own, so a target
+// is told by its name.
+type nodesAPI struct {
+	servers []*server
+	lbs     []*Balancer
+	port    int
+}
+
+func (a nodesAPI) DescribeTargetHealth(ctx context.Context, in *elasticloadbalancingv2.DescribeTargetHealthInput, _ ...func(*elasticloadbalancingv2.Options)) (*elasticloadbalancingv2.DescribeTargetHealthOutput, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	out := &elasticloadbalancingv2.DescribeTargetHealthOutput{}
+	for _, tg := range in.Targets {
+		c := targethealth.Call{At: time.Now(), TargetGroupARN: aws.ToString(in.TargetGroupArn), ID: aws.ToString(tg.Id), Port: int(aws.ToInt32(tg.Port))}
+		h, err := targetHealth(c, a.servers, a.lbs, a.port)
+		if err != nil {
+			return nil, err
+		}
+		th := &types.TargetHealth{State: types.TargetHealthStateEnum(h.State), Reason: types.TargetHealthReasonEnum(h.Reason)}
+		if h.Description != "" {
+			th.Description = aws.String(h.Description)
+		}
+		out.TargetHealthDescriptions = append(out.TargetHealthDescriptions, types.TargetHealthDescription{
+			Target: &types.TargetDescription{Id: tg.Id, Port: tg.Port}, TargetHealth: th})
+	}
+	return out, nil
+}
+
+// lockedWriter is a writer the rollout's goroutines share.
+type lockedWriter struct {
+	mu sync.Mutex
+	w  io.Writer
+}
+
+func (l *lockedWriter) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(p)
 }
 
 // lastOutput is the tail of the last run's output: its final table.

@@ -1,49 +1,58 @@
 package rehearsal
 
 import (
-	"bytes"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
 
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/elasticloadbalancingv2"
+
 	"github.com/mythex/infra/hooks"
 	"github.com/mythex/infra/hooks/sshd"
 	"github.com/mythex/infra/hooks/targethealth"
+	"github.com/mythex/infra/infra"
+	rolloutpkg "github.com/mythex/infra/rollout"
 )
 
-// sshPath is production's path through hooks/rollout, for `rehearse -ssh`:
-// the rollout's own ssh_deploy ships the release to each server over real
-// ssh (a loopback sshd; each server is a Host entry, as each instance id is
-// in production) and runs remote-deploy there, and its own
-// aws_wait_in_service polls describe-target-health, answered from the
-// balancer nodes' verdicts. The per-server time it measures then includes
-// the polling production pays.
+// sshPath is production's path through the rollout, for `rehearse -ssh`:
+// rollout.SSH ships the release to each server over real ssh (a loopback
+// sshd; each server is a Host entry, as each instance id is in production)
+// and runs remote-deploy there, and rollout.ELB awaits re-entry through the
+// AWS SDK's describe-target-health, asking a stand-in that answers from
+// the balancer nodes' verdicts. The per-server time it measures then
+// includes the polling production pays.
 type sshPath struct {
-	// ship is what the rollout runs from and ships: the hooks with the
-	// profile's release files.
-	ship   string
-	env    []string
-	sshd   *sshd.Server
-	health *targethealth.Server
+	// ship is what the rollout ships: the release's files, the hooks with
+	// the profile's rendered ones.
+	ship     string
+	config   string // ssh -F
+	releases string // where the servers unpack a release
+	port     int    // every server's app port, the target group's
+	sshd     *sshd.Server
+	health   *targethealth.Server
+	// elb is the SDK's client to the stand-in.
+	elb *elasticloadbalancingv2.Client
 }
 
 // rehearsalTargetGroup is the target group the stand-in answers for.
 const rehearsalTargetGroup = "arn:aws:elasticloadbalancing:eu-west-1:123456789012:targetgroup/rehearsal/0123456789abcdef"
 
-// shipFiles are the repository's hooks a release holds besides the
-// profile's rendered files (compose.yaml, its checksum, timing.env).
-var shipFiles = []string{"rollout", "remote-deploy", "deploy", "bootstrap", "watchdog", "lib.sh",
-	"mythex-watchdog.service", "mythex-watchdog.timer"}
+// rendered are the release's files the profile renders; the rest of
+// rollout.ReleaseFiles are the repository's hooks.
+var rendered = []string{hooks.ComposeFile, hooks.ChecksumFile, hooks.TimingEnvFile}
 
 // startSSHPath starts sshd and the describe-target-health stand-in for the
 // servers, every one publishing api on port (each on its own loopback
 // address, as each server has its own).
 func startSSHPath(repo, dir, release string, servers []*server, lbs []*Balancer, port int) (_ *sshPath, err error) {
-	p := &sshPath{ship: filepath.Join(dir, "ship")}
+	p := &sshPath{ship: filepath.Join(dir, "ship"), releases: filepath.Join(dir, "releases"), port: port}
 	defer func() {
 		if err != nil {
 			p.close()
@@ -52,24 +61,21 @@ func startSSHPath(repo, dir, release string, servers []*server, lbs []*Balancer,
 	if err := os.MkdirAll(p.ship, 0o755); err != nil {
 		return nil, fmt.Errorf("ship dir: %w", err)
 	}
-	copyFile := func(src, name string) error {
+	for _, name := range rolloutpkg.ReleaseFiles {
+		src := filepath.Join(repo, "hooks", name)
+		if slices.Contains(rendered, name) {
+			src = filepath.Join(release, name)
+		}
 		b, err := os.ReadFile(src)
 		if err != nil {
-			return fmt.Errorf("ship %s: %w", name, err)
+			return nil, fmt.Errorf("ship %s: %w", name, err)
 		}
-		if err := os.WriteFile(filepath.Join(p.ship, name), b, 0o755); err != nil {
-			return fmt.Errorf("ship %s: %w", name, err)
+		fi, err := os.Stat(src)
+		if err != nil {
+			return nil, fmt.Errorf("ship %s: %w", name, err)
 		}
-		return nil
-	}
-	for _, name := range shipFiles {
-		if err := copyFile(filepath.Join(repo, "hooks", name), name); err != nil {
-			return nil, err
-		}
-	}
-	for _, name := range []string{hooks.ComposeFile, hooks.ChecksumFile, hooks.TimingEnvFile} {
-		if err := copyFile(filepath.Join(release, name), name); err != nil {
-			return nil, err
+		if err := os.WriteFile(filepath.Join(p.ship, name), b, fi.Mode().Perm()); err != nil {
+			return nil, fmt.Errorf("ship %s: %w", name, err)
 		}
 	}
 	sshdDir := filepath.Join(dir, "sshd")
@@ -83,12 +89,11 @@ func startSSHPath(repo, dir, release string, servers []*server, lbs []*Balancer,
 	for _, s := range servers {
 		hosts = append(hosts, sshd.Host{Name: s.name, Root: s.Root, Project: s.Project, Bind: s.Bind})
 	}
-	config, err := p.sshd.WriteClientConfig(sshdDir, p.sshd.KnownHosts(), "", hosts...)
-	if err != nil {
+	if p.config, err = p.sshd.WriteClientConfig(sshdDir, p.sshd.KnownHosts(), "", hosts...); err != nil {
 		return nil, err
 	}
 	for _, h := range hosts {
-		if err := sshd.CheckSession(config, h); err != nil {
+		if err := sshd.CheckSession(p.config, h); err != nil {
 			return nil, err
 		}
 	}
@@ -97,22 +102,23 @@ func startSSHPath(repo, dir, release string, servers []*server, lbs []*Balancer,
 	}); err != nil {
 		return nil, err
 	}
-	bin := filepath.Join(dir, "bin")
-	if err := os.MkdirAll(bin, 0o755); err != nil {
-		return nil, fmt.Errorf("bin dir: %w", err)
-	}
-	if _, err := p.health.WriteCLI(bin); err != nil {
-		return nil, err
-	}
-	p.env = []string{
-		"PATH=" + bin + string(os.PathListSeparator) + os.Getenv("PATH"),
-		"MYTHEX_SSH_CONFIG=" + config,
-		"MYTHEX_REMOTE_RELEASES=" + filepath.Join(dir, "releases"),
-		"MYTHEX_REMOTE_SUDO=",
-		"MYTHEX_APP_PORT=" + strconv.Itoa(port),
-		"MYTHEX_TARGET_GROUP_ARN=" + rehearsalTargetGroup,
-	}
+	p.elb = elasticloadbalancingv2.New(elasticloadbalancingv2.Options{
+		Region:       "eu-west-1",
+		BaseEndpoint: aws.String(p.health.URL),
+		Credentials:  aws.AnonymousCredentials{},
+		// One attempt: the wait's own pace decides when to ask again.
+		RetryMaxAttempts: 1,
+	})
 	return p, nil
+}
+
+// transport is rollout.SSH for a rollout of version, with production's
+// settings but for where the servers are (the test's Host entries),
+// where they unpack the release and who runs it (the ssh user: root
+// here, no sudo).
+func (p *sshPath) transport(version string, t infra.Timing, out io.Writer) rolloutpkg.SSH {
+	return rolloutpkg.SSH{HooksDir: p.ship, Version: version, Config: p.config, RemoteReleases: p.releases,
+		AppPort: p.port, ImagePrefix: hooks.DefaultImagePrefix, Timing: t, Stdout: out, Stderr: out}
 }
 
 // targetHealth answers for one target as the target group would: healthy
@@ -159,49 +165,5 @@ func sshAddresses(servers []*server) {
 		s.Bind = "127.0.0." + strconv.Itoa(i+1)
 		s.AppPort = port
 		s.addr = s.Bind + ":" + strconv.Itoa(port)
-	}
-}
-
-// lineClock times the rollout's servers from its own output, as CI would
-// see them: from "[n/K] deploying" to "waiting until" (the deploy) and to
-// "back in service" (the whole server).
-type lineClock struct {
-	r       *rollout
-	partial []byte
-}
-
-func (w *lineClock) Write(p []byte) (int, error) {
-	w.partial = append(w.partial, p...)
-	for {
-		i := bytes.IndexByte(w.partial, '\n')
-		if i < 0 {
-			return len(p), nil
-		}
-		w.line(string(w.partial[:i]))
-		w.partial = w.partial[i+1:]
-	}
-}
-
-func (w *lineClock) line(l string) {
-	_, msg, ok := strings.Cut(l, " rollout: ")
-	if !ok {
-		return
-	}
-	now := time.Now()
-	w.r.mu.Lock()
-	defer w.r.mu.Unlock()
-	for _, s := range w.r.servers {
-		switch {
-		case strings.HasSuffix(msg, " deploying "+w.r.version+" to "+s.name) && strings.HasPrefix(msg, "["):
-			w.r.start[s.name] = now
-		case strings.HasSuffix(msg, " waiting until the load balancer has "+s.name+" back in service"):
-			if start, ok := w.r.start[s.name]; ok {
-				w.r.hook[s.name] = now.Sub(start).Seconds()
-			}
-		case strings.HasPrefix(msg, s.name+" back in service after "):
-			if start, ok := w.r.start[s.name]; ok {
-				w.r.total[s.name] = now.Sub(start).Seconds()
-			}
-		}
 	}
 }

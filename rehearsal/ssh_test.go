@@ -1,9 +1,7 @@
 package rehearsal
 
 import (
-	"fmt"
 	"testing"
-	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -44,28 +42,4 @@ func TestTargetHealthFollowsEveryNode(t *testing.T) {
 	assert.Equal(t, targethealth.Unused, h.State, "a server the group does not hold")
 	_, err = targetHealth(targethealth.Call{TargetGroupARN: "arn:other", ID: "s1", Port: port}, servers, lbs, port)
 	assert.Error(t, err, "another target group")
-}
-
-// The rollout's own lines time each server, however they are split.
-func TestLineClockTimesEachServer(t *testing.T) {
-	servers := fakeServers(t, t.TempDir(), "a", "b")
-	r := &rollout{servers: servers, version: "v9", start: map[string]time.Time{}, hook: map[string]float64{}, total: map[string]float64{}}
-	w := &lineClock{r: r}
-	out := ""
-	for _, s := range []string{"s1", "s2"} {
-		out += fmt.Sprintf("2026-11-30T12:00:00Z rollout: [1/2] deploying v9 to %s\n", s)
-		out += "2026-11-30T12:00:01Z deploy: unrelated line mentioning " + s + " back in service after\n"
-		out += fmt.Sprintf("2026-11-30T12:00:05Z rollout: [1/2] waiting until the load balancer has %s back in service\n", s)
-		out += fmt.Sprintf("2026-11-30T12:00:07Z rollout: %s back in service after 1.000s (1 describe-target-health call(s))\n", s)
-	}
-	for i := 0; i < len(out); i += 7 {
-		_, err := w.Write([]byte(out[i:min(i+7, len(out))]))
-		require.NoError(t, err)
-	}
-	for _, s := range []string{"s1", "s2"} {
-		assert.Contains(t, r.start, s)
-		assert.Contains(t, r.hook, s)
-		assert.Contains(t, r.total, s)
-		assert.GreaterOrEqual(t, r.total[s], r.hook[s])
-	}
 }

@@ -213,9 +213,9 @@ func (tc transitionCase) pulumiUp(ctx context.Context, f *fleet, n int) (DeployR
 	return dr, err
 }
 
-// rollout deploys the new release to every server with the real rollout,
-// which ships it to each server just before its deploy, under the balancer
-// numbers of live.
+// rollout deploys the new release to every server with the rollout CI runs,
+// its transport shipping the release to each server just before its
+// deploy, under the balancer numbers of live.
 func (tc transitionCase) rollout(ctx context.Context, f *fleet, n int, live infra.Timing) (DeployReport, error) {
 	// One build for both orders: the release is the same.
 	version := f.id + "-new"
@@ -236,7 +236,7 @@ func (tc transitionCase) rollout(ctx context.Context, f *fleet, n int, live infr
 	f.ro.shipping(release, tc.scaledNew)
 	err := observe(ctx, &dr, f.servers, f.lbs, f.load, tc.scaledNew, true, func() error {
 		var err error
-		dr.HookSeconds, dr.ServerSeconds, err = f.ro.run(ctx, version)
+		dr.HookSeconds, dr.ServerSeconds, err = f.ro.run(ctx, version, infra.DefaultMaxUnavailable)
 		return err
 	})
 	if err == nil {

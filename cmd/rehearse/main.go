@@ -12,17 +12,22 @@
 // or 504, every service verified after every deploy and no watchdog restart,
 // and before shows the bug. -matrix runs the invariant matrix instead: prod
 // and one profile per relation a rehearsal can break, each judged on the
-// symptom users would see. -transition rolls a change of the timing out in
-// both orders (`pulumi up` reloading the balancer nodes, and the rollout of
-// the new release), and exits 1 unless the order infra.CheckTransition
-// calls safe shows no 502 and the other shows 502s. -fleet rehearses the
-// rollout's batches and rollback: a good release in batches of
-// -max-unavailable after a one-server canary, then a release whose api
-// never becomes healthy and one whose api crashes once, each of which the
-// canary must catch and roll back, with no 502 or 504 throughout.
+// symptom users would see; with -lagging, also a balancer node slower than
+// its numbers, once against the fixed drain (which must show 502s) and once
+// against the evidence drain (which must show none). -transition rolls a
+// change of the timing out in both orders (`pulumi up` reloading the
+// balancer nodes, and the rollout of the new release), and exits 1 unless
+// the order infra.CheckTransition calls safe shows no 502 and the other
+// shows 502s. -fleet rehearses the rollout's batches and rollback: a good
+// release in batches of -max-unavailable after a one-server canary, then a
+// release whose api never becomes healthy and one whose api crashes once,
+// each of which the canary must catch and roll back, with no 502 or 504
+// throughout. Every rehearsal first takes the machine-wide lock the
+// Docker-driven test suites take turns on, waiting for them if one runs.
 //
 //	go run ./cmd/rehearse -servers 3 -deploys 20 -rate 200
 //	go run ./cmd/rehearse -matrix -servers 2 -deploys 1
+//	go run ./cmd/rehearse -matrix -lagging
 //	go run ./cmd/rehearse -transition
 //	go run ./cmd/rehearse -fleet -servers 6 -max-unavailable 2 -scale 1
 package main
@@ -40,7 +45,9 @@ import (
 	"strings"
 	"syscall"
 
+	"github.com/mythex/infra/infra"
 	"github.com/mythex/infra/internal/cmdflag"
+	"github.com/mythex/infra/internal/dockerlock"
 	"github.com/mythex/infra/rehearsal"
 )
 
@@ -67,11 +74,13 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs.StringVar(&c.HAProxy, "haproxy", "", "HAProxy binary (default: haproxy on PATH; "+rehearsal.HAProxyInstall+")")
 	fs.BoolVar(&asJSON, "json", false, "print the report as JSON")
 	fs.BoolVar(&matrix, "matrix", false, "run the invariant matrix instead of -profiles: prod and one profile per breakable relation, each judged on its symptom")
+	fs.BoolVar(&c.Lagging, "lagging", false, "with -matrix: add the lagging-balancer rows, a balancer node acting "+rehearsal.LaggingLag(infra.Prod()).String()+
+		" (scaled) after the servers answer its checks, against the fixed drain (502s expected) and the evidence drain (none expected)")
 	fs.BoolVar(&transition, "transition", false, "roll a change of the timing out in both orders instead of -profiles (-deploys does not apply): pulumi up (the balancer nodes reload) and the rollout of the new release, each order judged against infra.CheckTransition")
 	fs.BoolVar(&fleet, "fleet", false, fmt.Sprintf("rehearse fleet rollouts instead of -profiles (-deploys does not apply): a good release in batches, then two broken ones the canary must catch and roll back (%d servers, -max-unavailable %s, -scale %g, unless set)",
 		rehearsal.DefaultFleetServers, rehearsal.DefaultFleetMaxUnavailable, rehearsal.DefaultFleetScale))
-	fs.StringVar(&c.MaxUnavailable, "max-unavailable", "", "the rollout's --max-unavailable: servers deployed at once after the canary (default: the rollout's, one at a time)")
-	fs.BoolVar(&c.SSH, "ssh", false, "deploy through the rollout's own ssh_deploy (a loopback sshd) and await re-entry with its describe-target-health polling, answered from the balancer nodes: production's path")
+	fs.StringVar(&c.MaxUnavailable, "max-unavailable", "", "the rollout's -max-unavailable, a count or a percentage: servers deployed at once after the canary (default: the rollout's, one at a time)")
+	fs.BoolVar(&c.SSH, "ssh", false, "deploy through the rollout's ssh transport (a loopback sshd) and await re-entry with its describe-target-health client, answered from the balancer nodes: production's path")
 	if code, exit := cmdflag.Parse(fs, args, stdout, stderr); exit {
 		return code
 	}
@@ -100,13 +109,24 @@ func run(args []string, stdout, stderr io.Writer) int {
 	if fleet {
 		return runFleet(c, set, asJSON, stdout, stderr)
 	}
-	if err := c.Validate(); err != nil {
+	if c.Lagging && !matrix {
+		fmt.Fprintln(stderr, "rehearse: -lagging adds rows to the matrix; use it with -matrix")
+		return 2
+	}
+	validate := c.Validate
+	if matrix {
+		validate = c.ValidateMatrix
+	}
+	if err := validate(); err != nil {
 		fmt.Fprintf(stderr, "rehearse: %v\n", err)
 		return 2
 	}
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
+	if !takeDocker(ctx, stderr) {
+		return 1
+	}
 	if matrix {
 		return runMatrix(ctx, c, asJSON, stdout, stderr)
 	}
@@ -150,6 +170,9 @@ func runTransition(c rehearsal.Config, set map[string]bool, asJSON bool, stdout,
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
+	if !takeDocker(ctx, stderr) {
+		return 1
+	}
 	r, err := rehearsal.RunTransition(ctx, c)
 	if code := printed(len(r.Orders) > 0, err, stdout, stderr, pick(asJSON, r.WriteJSON, r.WriteTable)); code != 0 {
 		return code
@@ -187,6 +210,9 @@ func runFleet(c rehearsal.Config, set map[string]bool, asJSON bool, stdout, stde
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
+	if !takeDocker(ctx, stderr) {
+		return 1
+	}
 	r, err := rehearsal.RunFleet(ctx, c)
 	write := pick(asJSON, r.WriteJSON, func(w io.Writer) error {
 		if err := r.WriteTable(w); err != nil {
@@ -204,11 +230,27 @@ func runFleet(c rehearsal.Config, set map[string]bool, asJSON bool, stdout, stde
 	return 0
 }
 
+// takeDocker takes the machine-wide lock the Docker-driven test suites
+// take turns on (internal/dockerlock) and keeps it until the command exits:
+// a rehearsal run beside the suites waits for them, and they for it,
+// instead of both loading the machine. It says so when it waits; false
+// when the wait ended first (an interrupt).
+func takeDocker(ctx context.Context, stderr io.Writer) bool {
+	err := dockerlock.Take(ctx, func(format string, args ...any) {
+		fmt.Fprintf(stderr, "rehearse: "+format+"\n", args...)
+	})
+	if err != nil {
+		fmt.Fprintf(stderr, "rehearse: the machine-wide Docker lock: %v\n", err)
+		return false
+	}
+	return true
+}
+
 // refused reports, for a rehearsal that runs without them, each of -matrix,
-// -profiles, -deploys and -ssh that was set.
+// -lagging, -profiles, -deploys and -ssh that was set.
 func refused(set map[string]bool, stderr io.Writer, why string) bool {
 	var clash []string
-	for _, name := range []string{"matrix", "profiles", "deploys", "ssh"} {
+	for _, name := range []string{"matrix", "lagging", "profiles", "deploys", "ssh"} {
 		if set[name] {
 			clash = append(clash, "-"+name)
 		}
