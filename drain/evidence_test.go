@@ -131,6 +131,7 @@ func TestEvidenceEndsTheDrainOnceEveryNodeFailedAndRequestsStopped(t *testing.T)
 
 	c.before(nodes, cfg.QuietRequests, cfg.HealthCheckInterval)
 	r.srv.StartDrain()
+	waitFor(t, r.srv.Entered(drain.Draining), "draining")
 	c.checkRounds(nodes, cfg.UnhealthyThreshold, cfg.HealthCheckInterval)
 	waitFor(t, r.srv.Entered(drain.ShuttingDown), "shutting down")
 
@@ -160,6 +161,7 @@ func TestEvidenceNeverEndsTheDrainBeforeTheEarliestANodeCanAct(t *testing.T) {
 
 	c.before([]string{"lb1"}, cfg.QuietRequests, cfg.HealthCheckInterval)
 	r.srv.StartDrain()
+	waitFor(t, r.srv.Entered(drain.Draining), "draining")
 	// Checks just far enough apart to be one node's: the evidence is
 	// complete long before a node checking at the interval could act.
 	c.checkRounds([]string{"lb1"}, cfg.UnhealthyThreshold, cfg.HealthCheckInterval*6/10)
@@ -178,6 +180,7 @@ func TestRequestsStillArrivingExtendTheDrain(t *testing.T) {
 
 	c.before([]string{"lb1", "lb2"}, cfg.QuietRequests, cfg.HealthCheckInterval)
 	r.srv.StartDrain()
+	waitFor(t, r.srv.Entered(drain.Draining), "draining")
 	stop := make(chan struct{})
 	failed := c.keepSending(cfg.DrainQuiet/5, stop)
 	waitFor(t, r.srv.Extended(), "extended")
@@ -202,6 +205,7 @@ func TestTheDrainStopsAtMaxDrainAndSaysSo(t *testing.T) {
 
 	c.before([]string{"lb1", "lb2"}, cfg.QuietRequests, cfg.HealthCheckInterval)
 	r.srv.StartDrain()
+	waitFor(t, r.srv.Entered(drain.Draining), "draining")
 	stop := make(chan struct{})
 	failed := c.keepSending(cfg.DrainQuiet/5, stop)
 	waitFor(t, r.srv.Entered(drain.ShuttingDown), "shutting down")
@@ -241,6 +245,7 @@ func TestWeakEvidenceFallsBackToTheFixedDrain(t *testing.T) {
 
 			c.before(tt.nodes, tt.requests, cfg.HealthCheckInterval)
 			r.srv.StartDrain()
+			waitFor(t, r.srv.Entered(drain.Draining), "draining")
 			// Requests still arriving at the end of the drain do not extend
 			// a drain whose evidence is weak.
 			stop := make(chan struct{})
@@ -299,6 +304,7 @@ func TestPeersItCannotTellApartNeverCountAsOneNode(t *testing.T) {
 			time.Sleep(cfg.HealthCheckInterval)
 			c.traffic(cfg.QuietRequests)
 			r.srv.StartDrain()
+			waitFor(t, r.srv.Entered(drain.Draining), "draining")
 			for i := range cfg.UnhealthyThreshold {
 				if i > 0 {
 					time.Sleep(cfg.HealthCheckInterval)

@@ -272,7 +272,9 @@ func TestResponseStartedBeforeDrainClosesItsConnection(t *testing.T) {
 }
 
 func TestDrainLastsItsConfiguredTimeThenRefusesConnections(t *testing.T) {
-	t.Parallel()
+	// Not parallel: it dials the port its listener closed, and a listener
+	// of a test beside it can take that port at once (seen at -test.parallel
+	// 32): the dial would reach it.
 	timing := infra.Prod().Scaled(0.1)
 	r := start(t, timing.DrainConfig(), routes(newGate()))
 
@@ -318,7 +320,9 @@ func TestDrainLastsItsConfiguredTimeThenRefusesConnections(t *testing.T) {
 }
 
 func TestInFlightRequestFinishesAfterListenerCloses(t *testing.T) {
-	t.Parallel()
+	// Not parallel: it dials the port its listener closed, and a listener
+	// of a test beside it can take that port at once (seen at -test.parallel
+	// 32): the dial would reach it.
 	g := newGate()
 	r := start(t, prod(), routes(g))
 	c := dial(t, r.addr)

@@ -4,12 +4,14 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"flag"
 	"fmt"
 	"log/slog"
 	"net"
 	"os"
 	"os/exec"
 	"os/signal"
+	"strconv"
 	"syscall"
 	"testing"
 	"time"
@@ -34,7 +36,32 @@ func TestMain(m *testing.M) {
 	if os.Getenv(childEnv) != "" {
 		os.Exit(runChild())
 	}
+	if err := waitBoundParallel(); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(2)
+	}
 	os.Exit(m.Run())
+}
+
+// testParallel is how many of this package's tests run at once unless
+// -test.parallel says otherwise. Its tests wait out real drains (seconds
+// each, 80 s in all) and spend almost no CPU meanwhile: go test's default of
+// one per CPU ran them two at a time on a 2-core machine, 40 s of the
+// everyday gate's 60.
+const testParallel = 32
+
+// waitBoundParallel sets -test.parallel to testParallel, unless given.
+func waitBoundParallel() error {
+	flag.Parse()
+	explicit := false
+	flag.Visit(func(f *flag.Flag) { explicit = explicit || f.Name == "test.parallel" })
+	if explicit {
+		return nil
+	}
+	if err := flag.Set("test.parallel", strconv.Itoa(testParallel)); err != nil {
+		return fmt.Errorf("set -test.parallel: %w", err)
+	}
+	return nil
 }
 
 // childSignalFirst is the child's mode in which its SIGTERM has ended the
