@@ -471,6 +471,33 @@ func TestFailedServerRollsBackInReverse(t *testing.T) {
 	assert.Equal(t, []string{"not started"}, byServer(rep)["s4"].What)
 }
 
+// A cancel's table asks no server again: it says what the run learned. A
+// server whose deploy succeeded runs the release, verified; one in flight
+// runs either release until its deploy ends. Before, both showed the
+// release before, as if the canary had never been deployed.
+func TestCancelTableSaysWhatTheRunLearned(t *testing.T) {
+	f := newFleet(map[string]server{"s1": healthy(), "s2": healthy(), "s3": healthy()})
+	release := make(chan struct{})
+	defer close(release)
+	f.block["s2"] = release
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan rollout.Report)
+	go func() { done <- rollout.Run(ctx, cfg(f, 1, "s1", "s2", "s3")) }()
+	require.Equal(t, "deploy s1", <-f.started)
+	require.Equal(t, "deploy s2", <-f.started)
+	cancel()
+	rep := <-done
+	require.Equal(t, rollout.Cancelled, rep.Outcome)
+	m := byServer(rep)
+	for _, tc := range []struct{ server, before, now, verified string }{
+		{"s1", "v1", "v2", "yes"},
+		{"s2", "v1", "?", "unknown"},
+		{"s3", "v1", "v1", "yes"},
+	} {
+		assert.Equal(t, []string{tc.before, tc.now, tc.verified}, []string{m[tc.server].Before, m[tc.server].Now, m[tc.server].Verified}, tc.server)
+	}
+}
+
 // Finding 4: the bash rollout, re-parented by the runner's signal to its
 // shell, went on to deploy the next server. A cancel here starts nothing
 // new, leaves the deploy in flight to finish (its context is not cut), and

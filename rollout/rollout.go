@@ -205,6 +205,15 @@ func (r *run) note(server, format string, args ...any) {
 	sr.What = append(sr.What, fmt.Sprintf(format, args...))
 }
 
+// ran records what a deploy or rollback that succeeded left on server:
+// version, verified (the call verifies before it succeeds). The table a
+// cancel prints, which asks no server again, says it.
+func (r *run) ran(server, version string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.servers[server].Now, r.servers[server].Verified = version, "yes"
+}
+
 func (r *run) setOut(server string, out bool) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -342,9 +351,13 @@ func (r *run) rollout() string {
 		}
 		r.logf("deploying %s to %v (batch %d%s)", cfg.Version, b, len(batches), canary)
 		failed := r.batch(b, "deploy", func(ctx context.Context, s string) error {
-			return r.attached(ctx, s, cfg.Version, func(ctx context.Context) error {
+			err := r.attached(ctx, s, cfg.Version, func(ctx context.Context) error {
 				return cfg.Transport.Deploy(ctx, s, cfg.Version)
 			})
+			if err == nil {
+				r.ran(s, cfg.Version)
+			}
+			return err
 		})
 		if r.cancelled() {
 			for _, s := range todo {
@@ -458,6 +471,12 @@ func (r *run) batch(servers []string, kind string, work func(context.Context, st
 			for _, s := range servers {
 				if !ended[s] {
 					r.note(s, "%s in flight when cancelled: it runs on to its end on the server", kind)
+					if kind != "check" {
+						// Either release, until it ends.
+						r.mu.Lock()
+						r.servers[s].Now, r.servers[s].Verified = "?", "unknown"
+						r.mu.Unlock()
+					}
 					failed = append(failed, s)
 				}
 			}
@@ -563,9 +582,13 @@ func (r *run) rollBack(batches [][]string) {
 		r.logf("rolling back %v to the release before", b)
 		failed := r.batch(b, "rollback", func(ctx context.Context, s string) error {
 			target, _ := r.rollbackTarget(s)
-			return r.attached(ctx, s, target, func(ctx context.Context) error {
+			err := r.attached(ctx, s, target, func(ctx context.Context) error {
 				return r.cfg.Transport.Rollback(ctx, s, target)
 			})
+			if err == nil {
+				r.ran(s, target)
+			}
+			return err
 		})
 		if len(failed) > 0 {
 			if !r.cancelled() {
