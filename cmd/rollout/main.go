@@ -108,8 +108,13 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, stoppedBy
 	port := fs.String("port", os.Getenv("MYTHEX_APP_PORT"), "the target group's port, the app's (default $MYTHEX_APP_PORT)")
 	endpoint := fs.String("elb-endpoint", "", "the ELBv2 endpoint (a stand-in's URL); default AWS's own")
 	sshConfig := fs.String("ssh-config", os.Getenv("MYTHEX_SSH_CONFIG"), "ssh's configuration file (default $MYTHEX_SSH_CONFIG, else ssh's own)")
-	remoteReleases := fs.String("remote-releases", "/opt/mythex/incoming", "where releases are unpacked on a server")
-	remoteSudo := fs.String("remote-sudo", "sudo", "how the remote commands become root; empty runs them as the ssh user")
+	remoteReleases := fs.String("remote-releases", envOr("MYTHEX_REMOTE_RELEASES", "/opt/mythex/incoming"),
+		"where releases are unpacked on a server (default $MYTHEX_REMOTE_RELEASES, else /opt/mythex/incoming)")
+	sudo := "sudo"
+	if v, ok := os.LookupEnv("MYTHEX_REMOTE_SUDO"); ok {
+		sudo = v
+	}
+	remoteSudo := fs.String("remote-sudo", sudo, "how the remote commands become root; empty runs them as the ssh user (default $MYTHEX_REMOTE_SUDO when set, even empty, else sudo)")
 	imagePrefix := fs.String("image-prefix", envOr("MYTHEX_IMAGE_PREFIX", "mythex"), "the images' prefix, passed to deploy")
 	if code, exit := cmdflag.Parse(fs, args, stdout, stderr); exit {
 		return code

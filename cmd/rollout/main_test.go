@@ -127,3 +127,24 @@ func TestVersionRuleIsDeploys(t *testing.T) {
 		})
 	}
 }
+
+// Where a release is unpacked and how its commands become root come from
+// the environment when no flag sets them, as the ssh configuration does:
+// a test's servers are not production's.
+func TestRemoteSettingsFromTheEnvironment(t *testing.T) {
+	t.Setenv("MYTHEX_REMOTE_RELEASES", "releases")
+	var out, errOut bytes.Buffer
+	code := run(context.Background(), []string{"-hooks", "../../hooks", "-port", "8080", "-target-group-arn", "arn:aws:elasticloadbalancing:eu-west-1:1:targetgroup/tg/1", "v1", "i-1"}, &out, &errOut, nil)
+	assert.Equal(t, 2, code)
+	assert.Contains(t, errOut.String(), `-remote-releases "releases" must be an absolute path`)
+
+	var usage bytes.Buffer
+	t.Setenv("MYTHEX_REMOTE_SUDO", "")
+	run(context.Background(), []string{"-h"}, &usage, &usage, nil)
+	assert.Regexp(t, `-remote-sudo string\n\s+how the remote commands become root; empty runs them as the ssh user \(default \$MYTHEX_REMOTE_SUDO when set, even empty, else sudo\)\n`, usage.String(),
+		"an empty MYTHEX_REMOTE_SUDO leaves no default")
+	t.Setenv("MYTHEX_REMOTE_SUDO", "doas")
+	usage.Reset()
+	run(context.Background(), []string{"-h"}, &usage, &usage, nil)
+	assert.Contains(t, usage.String(), `(default "doas")`)
+}
