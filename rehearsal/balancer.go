@@ -517,6 +517,16 @@ type HealthTracker struct {
 	// check that takes a server out just before the transition.
 	lastFail map[string]string
 	changed  chan struct{}
+	// moves are the verdicts' changes, in the order the log gave them.
+	moves []Move
+}
+
+// Move is one change of a node's verdict on an upstream: when the log
+// said it, and whether the node took the upstream in or out.
+type Move struct {
+	At   time.Time
+	Host string
+	In   bool
 }
 
 // NewHealthTracker returns a tracker for upstreams.
@@ -541,6 +551,7 @@ func (h *HealthTracker) observe(host string, up bool) {
 		return
 	}
 	s.Healthy = up
+	h.moves = append(h.moves, Move{At: time.Now(), Host: host, In: up})
 	if up {
 		s.Ins++
 	} else {
@@ -576,6 +587,13 @@ func (h *HealthTracker) All() map[string]HostHealth {
 		out[k] = *v
 	}
 	return out
+}
+
+// Moves returns the verdicts' changes so far, oldest first.
+func (h *HealthTracker) Moves() []Move {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return slices.Clone(h.moves)
 }
 
 // Get returns the verdict on host.

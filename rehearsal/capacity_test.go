@@ -1,0 +1,69 @@
+package rehearsal
+
+import (
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+)
+
+func TestMostOut(t *testing.T) {
+	t0 := time.Date(2026, 12, 7, 0, 0, 0, 0, time.UTC)
+	at := func(s int) time.Time { return t0.Add(time.Duration(s) * time.Second) }
+	names := map[string]string{"a:1": "s1", "b:1": "s2", "c:1": "s3"}
+	type nodeMove struct {
+		node int
+		Move
+	}
+	out := func(node, s int, host string) nodeMove { return nodeMove{node, Move{At: at(s), Host: host}} }
+	in := func(node, s int, host string) nodeMove { return nodeMove{node, Move{At: at(s), Host: host, In: true}} }
+	tests := []struct {
+		name  string
+		moves []nodeMove
+		since int
+		want  OutAtOnce
+	}{
+		{"none moved", nil, 0, OutAtOnce{}},
+		{"one at a time, each back on every node before the next", []nodeMove{
+			out(0, 1, "a:1"), out(1, 2, "a:1"), in(0, 10, "a:1"), in(1, 11, "a:1"),
+			out(1, 12, "b:1"), out(0, 13, "b:1"), in(0, 20, "b:1"), in(1, 21, "b:1"),
+		}, 0, OutAtOnce{Most: 1, At: at(1), Servers: []string{"s1"}}},
+		{"the next taken out while one node still holds the last out", []nodeMove{
+			out(0, 1, "a:1"), out(1, 2, "a:1"), in(0, 10, "a:1"),
+			out(0, 11, "b:1"), in(1, 12, "a:1"),
+		}, 0, OutAtOnce{Most: 2, At: at(11), Servers: []string{"s1", "s2"}}},
+		{"two nodes each holding a different server out", []nodeMove{
+			out(0, 1, "a:1"), out(1, 2, "c:1"),
+		}, 0, OutAtOnce{Most: 2, At: at(2), Servers: []string{"s1", "s3"}}},
+		{"moves before since count for the state, not for the most", []nodeMove{
+			out(0, 1, "a:1"), out(0, 2, "b:1"), in(0, 3, "a:1"), out(0, 5, "c:1"),
+		}, 3, OutAtOnce{Most: 2, At: at(5), Servers: []string{"s2", "s3"}}},
+		{"an upstream with no name is named by its address", []nodeMove{
+			out(0, 1, "d:1"),
+		}, 0, OutAtOnce{Most: 1, At: at(1), Servers: []string{"d:1"}}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			lbs := []*Balancer{{Health: NewHealthTracker(nil)}, {Health: NewHealthTracker(nil)}}
+			for _, m := range tt.moves {
+				lbs[m.node].Health.moves = append(lbs[m.node].Health.moves, m.Move)
+			}
+			assert.Equal(t, tt.want, MostOut(lbs, names, at(tt.since)))
+		})
+	}
+}
+
+func TestHealthTrackerRecordsEachMove(t *testing.T) {
+	h := NewHealthTracker([]string{"a:1"})
+	h.observe("a:1", true) // already in: no move
+	h.observe("a:1", false)
+	h.observe("a:1", false)
+	h.observe("a:1", true)
+	h.observe("z:1", false) // not an upstream
+	moves := h.Moves()
+	if assert.Len(t, moves, 2) {
+		assert.Equal(t, Move{At: moves[0].At, Host: "a:1", In: false}, moves[0])
+		assert.Equal(t, Move{At: moves[1].At, Host: "a:1", In: true}, moves[1])
+		assert.False(t, moves[1].At.Before(moves[0].At))
+	}
+}
