@@ -109,7 +109,7 @@ func TestVerdictWithoutSplit(t *testing.T) {
 	require.True(t, v.Judged(), v.NotJudged)
 	require.Equal(t, infra.NoSafeOrder, v.Transition.Order, v.Reason())
 	assert.Nil(t, v.Split)
-	assert.Contains(t, verdictText(t, v), "**No two-step split proposed:** 19 fields changed at once")
+	assert.Contains(t, verdictText(t, v), "**No two-step split proposed:** 20 fields changed at once")
 }
 
 // TestDiffEndsWithTheVerdict: the diff prints the rollout order under

@@ -224,8 +224,10 @@ func TestDeployFailsAFlappingService(t *testing.T) {
 func flapTiming() infra.Timing {
 	t := dockerTiming
 	margin := t.LockWait - t.WatchdogHold()
+	holdMargin := t.DeployHold - t.DeploySteps() - t.EngineWork
 	t.StartTimeout = t.MaxPlannedDowntime - t.StopGracePeriod
 	t.LockWait = t.WatchdogHold() + margin
+	t.DeployHold = t.DeploySteps() + t.EngineWork + holdMargin
 	return t
 }
 

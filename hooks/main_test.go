@@ -164,10 +164,13 @@ func scaledWithoutContainers(f float64) infra.Timing {
 	t := infra.Prod().Scaled(f)
 	t.ContainerHealthInterval = time.Duration(float64(t.ContainerHealthInterval) * f)
 	t.ContainerHealthTimeout = t.ContainerHealthInterval
-	// The lock wait keeps its margin past the watchdog's hold.
+	// The lock wait keeps its margin past the watchdog's hold, and the
+	// deploy's hold its margin past its steps.
 	margin := t.LockWait - t.WatchdogHold()
+	holdMargin := t.DeployHold - t.DeploySteps() - t.EngineWork
 	t.EngineWork = time.Duration(float64(t.EngineWork) * f)
 	t.LockWait = t.WatchdogHold() + margin
+	t.DeployHold = t.DeploySteps() + t.EngineWork + holdMargin
 	return t
 }
 

@@ -231,7 +231,8 @@ func timingEnvValues(t infra.Timing) [][2]string {
 		{"MYTHEX_WATCHDOG_INTERVAL_MS", ms(t.WatchdogInterval)},
 		{"MYTHEX_DEPLOY_DOWNTIME_MS", ms(t.DeployDowntime())},
 		{"MYTHEX_WATCHDOG_HOLD_MS", ms(t.WatchdogHold())},
-		{"MYTHEX_SERVER_DEPLOY_MAX_MS", ms(t.ServerDeployMax())},
+		{"MYTHEX_DEPLOY_HOLD_MS", ms(t.DeployHold)},
+		{"MYTHEX_REMOTE_HOLD_MS", ms(t.RemoteHold())},
 		// The rollout's bound on one batch, the Go rollout's RolloutBatchMax:
 		// how long it waits, after a signal, for the servers in flight.
 		{"MYTHEX_BATCH_MAX_MS", ms(t.RolloutBatchMax())},

@@ -229,6 +229,8 @@ func TestTimingEnvFollowsTiming(t *testing.T) {
 			assert.Equal(t, timing.ReentryPoll(), ms("MYTHEX_REENTRY_POLL_MS"))
 			assert.Equal(t, timing.ReentryWait(), ms("MYTHEX_REENTRY_WAIT_MS"))
 			assert.Equal(t, timing.RolloutBatchMax(), ms("MYTHEX_BATCH_MAX_MS"))
+			assert.Equal(t, timing.DeployHold, ms("MYTHEX_DEPLOY_HOLD_MS"))
+			assert.Equal(t, timing.RemoteHold(), ms("MYTHEX_REMOTE_HOLD_MS"))
 			assert.Equal(t, strconv.Itoa(timing.WatchdogStrikes), env["MYTHEX_WATCHDOG_STRIKES"])
 			assert.Equal(t, infra.HealthPath, env["MYTHEX_HEALTH_PATH"])
 			assert.Equal(t, strconv.Itoa(infra.HealthyStatus), env["MYTHEX_HEALTHY_STATUS"])

@@ -35,6 +35,7 @@ func altTiming(t *testing.T) Timing {
 	tm.StartTimeout = 90 * time.Second
 	tm.MaxPlannedDowntime = 150 * time.Second
 	tm.LockWait = 165 * time.Second
+	tm.DeployHold = 8 * time.Minute // 3 × 90 s + 145 s + 40 s + 15 s = 7m50s
 	tm.WatchdogInterval = 70 * time.Second
 	require.NoError(t, tm.Validate(), "the alternative timing must be valid")
 	return tm
@@ -478,6 +479,7 @@ func TestOutputsShowWhatIsLive(t *testing.T) {
 				"startTimeout":            tm.StartTimeout.String(),
 				"engineWork":              tm.EngineWork.String(),
 				"lockWait":                tm.LockWait.String(),
+				"deployHold":              tm.DeployHold.String(),
 				"watchdogInterval":        tm.WatchdogInterval.String(),
 				"watchdogStrikes":         tm.WatchdogStrikes,
 				"maxPlannedDowntime":      tm.MaxPlannedDowntime.String(),

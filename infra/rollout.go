@@ -37,12 +37,11 @@ func (t Timing) StatusMax() time.Duration {
 }
 
 // RemoteDeployMax bounds one remote deploy or rollback call: the
-// connection, then bootstrap and deploy, each of which may wait for the
-// lock and runs under its own bounds, so twice ServerDeployMax. Twice, not
-// once: ServerDeployMax does not yet cover every step deploy holds the lock
-// for, and a bound that cut a sound deploy would roll back a good server.
+// connection, the wait for the server's lock, and the one hold under which
+// bootstrap and deploy run (RemoteHold), each cutting its own run at its
+// bound.
 func (t Timing) RemoteDeployMax() time.Duration {
-	return t.SSHConnectTimeout() + 2*t.ServerDeployMax()
+	return t.SSHConnectTimeout() + t.LockWait + t.RemoteHold()
 }
 
 // ReentryCallMax bounds one describe-target-health call of the wait for

@@ -121,6 +121,10 @@ type Timing struct {
 	EngineWork time.Duration `side:"servers"`
 	// LockWait is how long deploy and bootstrap wait for the server lock.
 	LockWait time.Duration `side:"servers"`
+	// DeployHold is the longest one deploy holds the server lock: the deploy
+	// cuts its own run there, and the watchdog takes a lock held longer for
+	// a stray holder.
+	DeployHold time.Duration `side:"servers"`
 
 	// WatchdogInterval is how often the watchdog checks every service.
 	WatchdogInterval time.Duration `side:"servers"`
@@ -242,6 +246,13 @@ func Prod() Timing {
 		// by that deadline), so a deploy arriving mid-restart waits it out
 		// instead of failing; a stuck holder still fails the job in minutes.
 		LockWait: 2 * time.Minute,
+		// Every step of a deploy at its own bound (DeploySteps: 4m50s) and
+		// EngineWork for the rest (5m5s), rounded up to the minute: a
+		// deploy at its worst is failing anyway, and the slack lets a
+		// health check interval or a grace period move by seconds without
+		// it. Not longer: it delays the watchdog's report of a stray
+		// holder, and every bound of the rollout counts it (ServerDeployMax).
+		DeployHold: 6 * time.Minute,
 
 		// Once a minute: a crashed process at 3 a.m. is back within minutes.
 		WatchdogInterval: 1 * time.Minute,
@@ -425,11 +436,31 @@ func (t Timing) ServerDeployMin() time.Duration {
 	return t.Drain + t.Reentry()
 }
 
-// ServerDeployMax is the longest a deploy of one server may take before it
-// fails: waiting for the lock, the whole stop grace, the whole start
-// timeout, and re-entry.
+// DeploySteps is the sum of the bounds of what a deploy does under the
+// lock, each step at its own bound: fetching the release's missing images,
+// side by side (StartTimeout); replacing the containers (DeployDowntime:
+// compose's whole stop grace and start); waiting for them to turn healthy
+// (StartTimeout); watching them settle for as long as the balancer takes to
+// re-admit the server (Reentry) and, on a busy server, until each has run
+// its settle checks (StartTimeout more).
+func (t Timing) DeploySteps() time.Duration {
+	return 3*t.StartTimeout + t.DeployDowntime() + t.Reentry()
+}
+
+// RemoteHold is the longest anything holds the server lock: a remote deploy
+// or rollback takes it once and, under that one hold, runs bootstrap (its
+// systemd calls bounded by StartTimeout) and then deploy (DeployHold). The
+// watchdog (WatchdogHold) and bootstrap alone hold it for less; the watchdog
+// takes a lock held by one holder for longer for a stray.
+func (t Timing) RemoteHold() time.Duration {
+	return t.StartTimeout + t.DeployHold
+}
+
+// ServerDeployMax is the longest a deploy of one server may take: waiting
+// for the lock, then holding it (DeployHold, where the deploy cuts its own
+// run).
 func (t Timing) ServerDeployMax() time.Duration {
-	return t.LockWait + t.DeployDowntime() + t.Reentry()
+	return t.LockWait + t.DeployHold
 }
 
 // DefaultMaxUnavailable is the rollout's --max-unavailable when none is
@@ -615,6 +646,9 @@ func (t Timing) Scaled(f float64) Timing {
 	// EngineWork included, and a margin past it that is the timeline's:
 	// only the margin scales.
 	t.LockWait = t.WatchdogHold() + s(orig.LockWait-orig.WatchdogHold())
+	// DeployHold covers the steps (scaled) and EngineWork (kept); its margin
+	// past them is the timeline's.
+	t.DeployHold = t.DeploySteps() + t.EngineWork + s(orig.DeployHold-orig.DeploySteps()-orig.EngineWork)
 	t.WatchdogInterval = s(t.WatchdogInterval)
 	t.MaxPlannedDowntime = s(t.MaxPlannedDowntime)
 	return t
@@ -637,6 +671,7 @@ const (
 	RuleDowntimePlanned   Rule = "deploy-within-planned-downtime"
 	RuleDeregCovers       Rule = "deregistration-covers-shutdown"
 	RuleLockOutlasts      Rule = "lock-wait-outlasts-restart"
+	RuleHoldCoversSteps   Rule = "deploy-hold-covers-steps"
 	RuleContainerFaster   Rule = "container-check-faster"
 	RuleStartCovers       Rule = "start-covers-first-check"
 	RuleHeaderBeforeCut   Rule = "header-timeout-below-shutdown"
@@ -728,6 +763,7 @@ func (t Timing) durations() []durationField {
 		{"StartTimeout", t.StartTimeout},
 		{"EngineWork", t.EngineWork},
 		{"LockWait", t.LockWait},
+		{"DeployHold", t.DeployHold},
 		{"WatchdogInterval", t.WatchdogInterval},
 		{"MaxPlannedDowntime", t.MaxPlannedDowntime},
 	}
@@ -956,6 +992,20 @@ func Relations() []Relation {
 			explain: func(t Timing) string {
 				return fmt.Sprintf("LockWait %v must cover the longest a watchdog run holds the lock, one restart of every due service at once and its verification: StopGracePeriod %v + StartTimeout %v + EngineWork %v = %v",
 					t.LockWait, t.StopGracePeriod, t.StartTimeout, t.EngineWork, t.WatchdogHold())
+			},
+		},
+		{
+			// The deploy cuts its run at DeployHold: a hold shorter than its
+			// steps' own bounds would cut a deploy every step of which was
+			// within its bound.
+			Rule:   RuleHoldCoversSteps,
+			Fields: []string{"DeployHold", "StartTimeout", "StopGracePeriod", "HealthyThreshold", "HealthCheckInterval", "EngineWork"},
+			Left:   field("DeployHold", func(t Timing) time.Duration { return t.DeployHold }),
+			Right:  Term{"DeploySteps", Timing.DeploySteps},
+			Need:   &Term{"EngineWork", func(t Timing) time.Duration { return t.EngineWork }},
+			explain: func(t Timing) string {
+				return fmt.Sprintf("DeployHold %v must cover every step a deploy takes under the lock, each at its own bound, and EngineWork %v for the rest: images 3 × StartTimeout %v + DeployDowntime %v + Reentry %v = %v, + EngineWork = %v",
+					t.DeployHold, t.EngineWork, t.StartTimeout, t.DeployDowntime(), t.Reentry(), t.DeploySteps(), t.DeploySteps()+t.EngineWork)
 			},
 		},
 		{

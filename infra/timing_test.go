@@ -115,6 +115,9 @@ func TestValidateRejects(t *testing.T) {
 		{"lock wait shorter than a watchdog's hold", map[string]any{"LockWait": 114 * time.Second},
 			infra.RuleLockOutlasts, []string{"LockWait", "StopGracePeriod", "StartTimeout", "EngineWork"},
 			"LockWait 1m54s must cover the longest a watchdog run holds the lock, one restart of every due service at once and its verification: StopGracePeriod 40s + StartTimeout 1m0s + EngineWork 15s = 1m55s"},
+		{"deploy hold shorter than its steps", map[string]any{"DeployHold": 5 * time.Minute},
+			infra.RuleHoldCoversSteps, []string{"DeployHold", "StartTimeout", "StopGracePeriod", "HealthyThreshold", "HealthCheckInterval", "EngineWork"},
+			"DeployHold 5m0s must cover every step a deploy takes under the lock, each at its own bound, and EngineWork 15s for the rest: images 3 × StartTimeout 1m0s + DeployDowntime 1m40s + Reentry 10s = 4m50s, + EngineWork = 5m5s"},
 		{"container check slower than the earliest re-entry", map[string]any{"ContainerHealthInterval": 6 * time.Second},
 			infra.RuleContainerFaster, []string{"ContainerHealthInterval", "HealthCheckInterval", "HealthyThreshold"},
 			"ContainerHealthInterval 6s must not exceed the earliest re-entry 5s ((HealthyThreshold 2 - 1) × HealthCheckInterval 5s)"},
@@ -208,6 +211,10 @@ func TestBoundaries(t *testing.T) {
 		{"lock wait exactly the watchdog's hold", map[string]any{"LockWait": p.WatchdogHold()}, infra.RuleLockOutlasts, false},
 		{"lock wait a nanosecond short", map[string]any{"LockWait": p.WatchdogHold() - 1}, infra.RuleLockOutlasts, true},
 		{"engine work a nanosecond too long", map[string]any{"EngineWork": p.LockWait - p.DeployDowntime() + 1}, infra.RuleLockOutlasts, true},
+		{"deploy hold exactly its steps and the engine's work", map[string]any{"DeployHold": p.DeploySteps() + p.EngineWork}, infra.RuleHoldCoversSteps, false},
+		{"deploy hold a nanosecond short", map[string]any{"DeployHold": p.DeploySteps() + p.EngineWork - 1}, infra.RuleHoldCoversSteps, true},
+		{"a start timeout the hold no longer covers", map[string]any{"StartTimeout": p.StartTimeout + (p.DeployHold-p.DeploySteps()-p.EngineWork)/4 + 1, "LockWait": 10 * time.Minute, "MaxPlannedDowntime": 10 * time.Minute, "WatchdogInterval": 10 * time.Minute},
+			infra.RuleHoldCoversSteps, true},
 		{"container check exactly the earliest re-entry", map[string]any{"ContainerHealthInterval": p.EarliestReentry()}, infra.RuleContainerFaster, false},
 		{"container check a nanosecond slower", map[string]any{"ContainerHealthInterval": p.EarliestReentry() + 1}, infra.RuleContainerFaster, true},
 		{"start a nanosecond past the first check", map[string]any{"StartTimeout": p.FirstContainerCheck() + 1}, infra.RuleStartCovers, false},
@@ -338,7 +345,7 @@ func TestDerived(t *testing.T) {
 		StartTimeout: 20 * time.Second, LockWait: 3 * time.Minute,
 		WatchdogInterval: 30 * time.Second, WatchdogStrikes: 5,
 		ContainerHealthInterval: 2 * time.Second, ContainerHealthTimeout: 4 * time.Second,
-		EngineWork: 9 * time.Second,
+		EngineWork: 9 * time.Second, DeployHold: 3 * time.Minute,
 	}
 	assert.Equal(t, 23*time.Second, tm.WorstCaseDetection(), "7s × 3 + 2s")
 	assert.Equal(t, 7*time.Second, tm.DrainMargin(), "30s − 23s")
@@ -360,16 +367,18 @@ func TestDerived(t *testing.T) {
 	assert.Equal(t, 79*time.Second, tm.WatchdogHold(), "70s + 9s")
 	assert.Equal(t, 6*time.Second, tm.FirstContainerCheck(), "2s + 4s")
 	assert.Equal(t, 58*time.Second, tm.ServerDeployMin(), "30s + 28s")
-	assert.Equal(t, 278*time.Second, tm.ServerDeployMax(), "3m + 70s + 28s")
+	assert.Equal(t, 158*time.Second, tm.DeploySteps(), "3 × 20s + 70s + 28s")
+	assert.Equal(t, 200*time.Second, tm.RemoteHold(), "20s + 3m")
+	assert.Equal(t, 360*time.Second, tm.ServerDeployMax(), "3m + 3m")
 	// The rollout's own bounds (rollout.go).
 	assert.Equal(t, 23*time.Second, tm.SSHConnectTimeout(), "WorstCaseDetection")
 	assert.Equal(t, 7*time.Second, tm.SSHAliveInterval(), "the health-check interval")
 	assert.Equal(t, 3, tm.SSHAliveCountMax(), "the unhealthy threshold")
 	assert.Equal(t, 212*time.Second, tm.StatusMax(), "23s + 3m + 9s")
-	assert.Equal(t, 579*time.Second, tm.RemoteDeployMax(), "23s + 2 × 278s")
+	assert.Equal(t, 403*time.Second, tm.RemoteDeployMax(), "23s + 3m + 200s")
 	assert.Equal(t, 7*time.Second, tm.ReentryCallMax(), "ReentryPoll")
 	assert.Equal(t, 73*time.Second, tm.ReentryWaitMax(), "66s + 7s")
-	assert.Equal(t, 652*time.Second, tm.RolloutBatchMax(), "579s + 73s")
+	assert.Equal(t, 476*time.Second, tm.RolloutBatchMax(), "403s + 73s")
 	assert.Equal(t, 45*time.Second, tm.RequestDeadline(), "AppKeepAlive")
 }
 
@@ -401,7 +410,12 @@ func TestScaled(t *testing.T) {
 	s := reflect.ValueOf(tm.Scaled(0.5))
 	for i := 0; i < s.NumField(); i++ {
 		name := s.Type().Field(i).Name
-		if name == "LockWait" {
+		if name == "DeployHold" {
+			// The scaled steps (3 × 1.5 s + 1.5 s + 1.5 s + 3 × 1.5 s),
+			// EngineWork kept (3 s), and half the margin past them
+			// (3 s − 27 s).
+			assert.Equal(t, int64(3*time.Second), s.Field(i).Int(), "DeployHold: the steps scaled, EngineWork kept, the margin scaled")
+		} else if name == "LockWait" {
 			// The scaled hold (1.5 s + 1.5 s + 3 s) and half the margin
 			// past it (3 s − 9 s).
 			assert.Equal(t, int64(3*time.Second), s.Field(i).Int(), "LockWait: the hold kept whole, its margin scaled")
@@ -505,6 +519,7 @@ func wrongValues(p infra.Timing) map[string][]any {
 			p.LockWait - p.StopGracePeriod - p.EngineWork + 1},
 		"EngineWork":         {0, -time.Nanosecond, p.LockWait - p.DeployDowntime() + 1},
 		"LockWait":           {0, -time.Second, p.WatchdogHold() - 1},
+		"DeployHold":         {0, -time.Second, p.DeploySteps() + p.EngineWork - 1},
 		"WatchdogInterval":   {0, -time.Second, p.MaxPlannedDowntime / time.Duration(p.WatchdogStrikes-1)},
 		"WatchdogStrikes":    {0, -1, p.WatchdogStrikes - 1},
 		"MaxPlannedDowntime": {0, -time.Second, p.WatchdogTolerance(), p.DeployDowntime() - 1},
@@ -563,6 +578,7 @@ func TestSweepStepsInwardAreValid(t *testing.T) {
 		{"StartTimeout", p.LockWait - p.StopGracePeriod - p.EngineWork},
 		{"EngineWork", p.LockWait - p.DeployDowntime()},
 		{"LockWait", p.WatchdogHold()},
+		{"DeployHold", p.DeploySteps() + p.EngineWork},
 		{"ContainerHealthInterval", p.EarliestReentry()},
 		{"WatchdogInterval", p.MaxPlannedDowntime/time.Duration(p.WatchdogStrikes-1) + time.Second},
 		{"MaxPlannedDowntime", p.WatchdogTolerance() - 1},
@@ -708,14 +724,15 @@ func TestRolloutFunctionsRefuseWhatCheckRolloutRefuses(t *testing.T) {
 
 func TestRolloutDurations(t *testing.T) {
 	// Apart from Prod, so a factor the formulas drop shows: ServerDeployMin
-	// 58s, StatusMax 212s, RolloutBatchMax 652s (TestDerived).
+	// 58s, StatusMax 212s, RolloutBatchMax 476s (TestDerived).
 	tm := infra.Timing{
 		HealthCheckInterval: 7 * time.Second, HealthCheckTimeout: 2 * time.Second,
 		UnhealthyThreshold: 3, HealthyThreshold: 4,
 		NodeSkew: time.Second, Drain: 30 * time.Second, StopGracePeriod: 50 * time.Second,
 		StartTimeout: 20 * time.Second, LockWait: 3 * time.Minute, EngineWork: 9 * time.Second,
+		DeployHold: 3 * time.Minute,
 	}
-	const deployMin, statusMax, batchMax = 58 * time.Second, 212 * time.Second, 652 * time.Second
+	const deployMin, statusMax, batchMax = 58 * time.Second, 212 * time.Second, 476 * time.Second
 	require.Equal(t, deployMin, tm.ServerDeployMin())
 	require.Equal(t, statusMax, tm.StatusMax())
 	require.Equal(t, batchMax, tm.RolloutBatchMax())
@@ -724,15 +741,15 @@ func TestRolloutDurations(t *testing.T) {
 		min, max, rollback, failed time.Duration
 	}{
 		// 1 batch; at worst 1, and 1 rolled back.
-		{1, 1, 58 * time.Second, 1076 * time.Second, 652 * time.Second, 1728 * time.Second},
-		// 2 × 58s; 2 × 212s + 2 × 652s; 2 × 652s.
-		{2, 1, 116 * time.Second, 1728 * time.Second, 1304 * time.Second, 3032 * time.Second},
-		// 2 × 58s; 2 × 212s + 3 × 652s; 3 × 652s.
-		{3, 2, 116 * time.Second, 2380 * time.Second, 1956 * time.Second, 4336 * time.Second},
-		// 3 × 58s; 2 × 212s + 4 × 652s; 3 × 652s.
-		{4, 2, 174 * time.Second, 3032 * time.Second, 1956 * time.Second, 4988 * time.Second},
-		// 4 × 58s; 2 × 212s + 5 × 652s; 4 × 652s.
-		{10, 4, 232 * time.Second, 3684 * time.Second, 2608 * time.Second, 6292 * time.Second},
+		{1, 1, 58 * time.Second, 900 * time.Second, 476 * time.Second, 1376 * time.Second},
+		// 2 × 58s; 2 × 212s + 2 × 476s; 2 × 476s.
+		{2, 1, 116 * time.Second, 1376 * time.Second, 952 * time.Second, 2328 * time.Second},
+		// 2 × 58s; 2 × 212s + 3 × 476s; 3 × 476s.
+		{3, 2, 116 * time.Second, 1852 * time.Second, 1428 * time.Second, 3280 * time.Second},
+		// 3 × 58s; 2 × 212s + 4 × 476s; 3 × 476s.
+		{4, 2, 174 * time.Second, 2328 * time.Second, 1428 * time.Second, 3756 * time.Second},
+		// 4 × 58s; 2 × 212s + 5 × 476s; 4 × 476s.
+		{10, 4, 232 * time.Second, 2804 * time.Second, 1904 * time.Second, 4708 * time.Second},
 	}
 	for _, tt := range tests {
 		t.Run(fmt.Sprintf("K=%d,N=%d", tt.servers, tt.maxUnavailable), func(t *testing.T) {
@@ -750,9 +767,12 @@ func TestProdRollout(t *testing.T) {
 	require.NoError(t, infra.CheckRollout(2, infra.DefaultMaxUnavailable))
 	assert.Equal(t, 1, infra.DefaultMaxUnavailable, "one server out at a time unless the rollout is told otherwise")
 	assert.Equal(t, 148*time.Second, p.StatusMax(), "13s + 2m + 15s")
-	assert.Equal(t, 507*time.Second, p.RolloutBatchMax(), "(13s + 2 × 230s) + (29s + 5s)")
+	assert.Equal(t, 290*time.Second, p.DeploySteps(), "3 × 60s + 100s + 10s")
+	assert.Equal(t, 480*time.Second, p.ServerDeployMax(), "2m + 6m")
+	assert.Equal(t, 553*time.Second, p.RemoteDeployMax(), "13s + 2m + (1m + 6m)")
+	assert.Equal(t, 587*time.Second, p.RolloutBatchMax(), "553s + (29s + 5s)")
 	assert.Equal(t, 50*time.Second, p.RolloutMin(2, 1), "2 × 25s")
-	assert.Equal(t, 1310*time.Second, p.RolloutMax(2, 1), "2 × 148s + 2 × 507s")
-	assert.Equal(t, 1014*time.Second, p.RollbackBound(2, 1), "2 × 507s")
-	assert.Equal(t, 2324*time.Second, p.FailedRolloutMax(2, 1), "1310s + 1014s: 38m44s")
+	assert.Equal(t, 1470*time.Second, p.RolloutMax(2, 1), "2 × 148s + 2 × 587s")
+	assert.Equal(t, 1174*time.Second, p.RollbackBound(2, 1), "2 × 587s")
+	assert.Equal(t, 2644*time.Second, p.FailedRolloutMax(2, 1), "1470s + 1174s: 44m4s")
 }

@@ -233,6 +233,7 @@ var Unrehearsable = map[infra.Rule]string{
 	infra.RuleDowntimePlanned:   "MaxPlannedDowntime is a number the watchdog relation reads; it has no behaviour of its own",
 	infra.RuleDeregCovers:       "the stand-in balancer has no deregistration: a DOWN server gets no new request at once",
 	infra.RuleLockOutlasts:      "needs a watchdog restart holding the lock when a deploy starts; the rehearsal's watchdog restarts nothing in prod",
+	infra.RuleHoldCoversSteps:   "a hold shorter than the steps cuts only a deploy whose steps run to their bounds (a registry that does not answer, a wedged engine); a sound deploy takes a fraction of every bound, so no load shows it. The hooks' TestDeployHoldCutsTheRun shows the cut",
 	infra.RuleContainerFaster:   "Docker's health check only gates the deploy hook's own wait, which the rehearsal verifies on its own",
 	infra.RuleStartCovers:       "a start timeout shorter than the first container check fails the first deploy on every server, before any load",
 	infra.RuleHeaderBeforeCut:   "the load sends each request's headers at once: no client trickles them, so the header timeout never runs into a shutdown (drain's TestSlowHeaderDoesNotHoldTheShutdown shows it on loopback)",

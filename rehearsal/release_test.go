@@ -68,7 +68,6 @@ func TestWriteReleaseBeforeDiffersOnlyInTheDrain(t *testing.T) {
 			fmt.Sprintf("MYTHEX_SETTLE_MS=%d\n", tm.Reentry().Milliseconds()), "SETTLE\n",
 			fmt.Sprintf("MYTHEX_REENTRY_POLL_MS=%d\n", tm.ReentryPoll().Milliseconds()), "POLL\n",
 			fmt.Sprintf("MYTHEX_REENTRY_WAIT_MS=%d\n", tm.ReentryWait().Milliseconds()), "WAIT\n",
-			fmt.Sprintf("MYTHEX_SERVER_DEPLOY_MAX_MS=%d\n", tm.ServerDeployMax().Milliseconds()), "DEPLOY_MAX\n",
 			fmt.Sprintf("MYTHEX_BATCH_MAX_MS=%d\n", tm.RolloutBatchMax().Milliseconds()), "BATCH_MAX\n")
 	}
 	assert.Equal(t, reentry(ref).Replace(prod[hooks.TimingEnvFile]), reentry(before).Replace(got[hooks.TimingEnvFile]),
