@@ -168,3 +168,16 @@ func mustRender(t *testing.T, render func(infra.Timing) ([]byte, error), timing 
 	require.NoError(t, err)
 	return out
 }
+
+// What the rollout ships and runs on a server is executable in the
+// repository itself, not only in a test's copy: the release's archive
+// carries the mode over.
+func TestShippedScriptsAreExecutableInGit(t *testing.T) {
+	out, err := exec.Command("git", "ls-files", "-s", "--", "remote-deploy", "deploy", "bootstrap", "watchdog").Output()
+	require.NoError(t, err)
+	got := lines(string(out))
+	require.Len(t, got, 4)
+	for _, l := range got {
+		assert.True(t, strings.HasPrefix(l, "100755 "), "not executable in git: %s", l)
+	}
+}

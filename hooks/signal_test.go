@@ -141,12 +141,12 @@ func TestDeployStopsCleanlyUnderASignalStorm(t *testing.T) {
 	}
 }
 
-// Deploy, rollout, bootstrap and the watchdog trap signals, and they and lib.sh must never
-// make bash parse a command's text while a trap may run (see the storm
-// test above): no $(...), <(...) or >(...) outside comments. Arithmetic
-// $((...)) is not parsed as a command.
+// Deploy, bootstrap and the watchdog trap signals, and they and lib.sh
+// must never make bash parse a command's text while a trap may run (see
+// the storm test above): no $(...), <(...) or >(...) outside comments.
+// Arithmetic $((...)) is not parsed as a command.
 func TestNoDollarParen(t *testing.T) {
-	for _, name := range []string{"deploy", "lib.sh", "rollout", "bootstrap", "watchdog"} {
+	for _, name := range []string{"deploy", "lib.sh", "bootstrap", "watchdog"} {
 		for i, line := range strings.Split(string(mustRead(t, name)), "\n") {
 			if strings.HasPrefix(strings.TrimSpace(line), "#") {
 				continue

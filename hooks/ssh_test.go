@@ -1,16 +1,13 @@
 package hooks
 
 import (
-	"bufio"
-	"bytes"
 	"context"
-	"errors"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
-	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -27,18 +24,21 @@ import (
 	"github.com/mythex/infra/rollout"
 )
 
-// These tests run hooks/rollout with its default deploy command, ssh_deploy,
-// against Debian's sshd on loopback: real ssh, real tar, real remote-deploy,
-// bootstrap and deploy on a real Docker engine. Each simulated server is a
-// Host entry of an ssh configuration (what production has for each instance
-// id), all served by one sshd through a TCP relay the tests can cut.
+// These tests run the Go rollout (package rollout, in process, as
+// cmd/rollout runs it) with its ssh transport against Debian's sshd on
+// loopback: real ssh, real tar on the server, real remote-deploy, bootstrap
+// and deploy on a real Docker engine. Each simulated server is a Host entry
+// of an ssh configuration (what production has for each instance id), all
+// served by one sshd through a TCP relay the tests can cut. Re-entry is
+// taken as given (inService): the wait has tests of its own (rollout.ELB's,
+// against the describe-target-health stand-in).
 //
-// Production's defaults stay as they are; the tests change them through the
-// rollout's named settings only: MYTHEX_SSH_CONFIG (the test's Host
-// entries), MYTHEX_REMOTE_RELEASES (a temporary directory) and
-// MYTHEX_REMOTE_SUDO (empty: the ssh user, root here, runs the commands).
-// A server's own settings (MYTHEX_ROOT, MYTHEX_PROJECT, MYTHEX_SYSTEMD_DIR,
-// MYTHEX_BIND) reach its session through ssh's SetEnv and sshd's AcceptEnv.
+// Production's defaults stay as they are; the tests set only what
+// cmd/rollout takes as -ssh-config (the test's Host entries),
+// -remote-releases (a temporary directory) and -remote-sudo (empty: the ssh
+// user, root here, runs the commands). A server's own settings
+// (MYTHEX_ROOT, MYTHEX_PROJECT, MYTHEX_SYSTEMD_DIR, MYTHEX_BIND) reach its
+// session through ssh's SetEnv and sshd's AcceptEnv.
 
 // startSSHD starts sshd for the test, failing at once when it is missing.
 func startSSHD(t *testing.T) *sshd.Server {
@@ -81,7 +81,7 @@ func clientConfig(t *testing.T, d *sshd.Server, knownHosts []byte, extra string,
 func releaseHooks(t *testing.T, tm infra.Timing) string {
 	t.Helper()
 	dir := t.TempDir()
-	for _, name := range []string{"rollout", "remote-deploy", "deploy", "bootstrap", "watchdog", "lib.sh", "mythex-watchdog.service"} {
+	for _, name := range []string{"remote-deploy", "deploy", "bootstrap", "watchdog", "lib.sh", "mythex-watchdog.service"} {
 		data := mustRead(t, name)
 		// The checkout's mode, as the rollout ships it: a script the
 		// repository does not mark executable fails here as on a server.
@@ -126,49 +126,71 @@ func newSimServer(t *testing.T, n int) simServer {
 	return s
 }
 
-// sshRollout is one run of the rollout with its default deploy command.
-type sshRollout struct {
+// overSSH is how a test's rollouts reach its servers: the Go rollout's
+// ssh transport, shipping the release in hooks.
+type overSSH struct {
 	hooks, config, releases string
 	appPort                 int
-	// onLine sees each line the rollout prints, as it prints it.
-	onLine func(string)
-	// flags go before the version.
-	flags []string
+	// timing is the release's contract: the rollout's bounds and ssh's.
+	timing infra.Timing
 }
 
-func (r sshRollout) run(t *testing.T, version string, servers ...simServer) result {
+// run rolls version out to servers, one at a time (MaxUnavailable 1), as
+// cmd/rollout does: the rollout's progress and the servers' output go to
+// stdout, the servers' errors to stderr, each server's lines after its
+// name. Both must be safe for concurrent use.
+func (o overSSH) run(t *testing.T, version string, stdout, stderr io.Writer, servers ...simServer) rollout.Report {
 	t.Helper()
-	args := append(slices.Clone(r.flags), version)
+	var names []string
 	for _, s := range servers {
-		args = append(args, s.name)
+		names = append(names, s.name)
 	}
-	cmd := exec.Command(filepath.Join(r.hooks, "rollout"), args...)
-	cmd.Env = append(environWithout("MYTHEX_"),
-		"MYTHEX_SSH_CONFIG="+r.config,
-		"MYTHEX_REMOTE_RELEASES="+r.releases,
-		"MYTHEX_REMOTE_SUDO=",
-		"MYTHEX_APP_PORT="+strconv.Itoa(r.appPort),
-		"MYTHEX_WAIT_IN_SERVICE=true", // the wait has tests of its own
-	)
-	var stderr bytes.Buffer
-	cmd.Stderr = &stderr
-	out, err := cmd.StdoutPipe()
-	require.NoError(t, err)
-	require.NoError(t, cmd.Start())
-	var stdout strings.Builder
-	sc := bufio.NewScanner(out)
-	for sc.Scan() {
-		stdout.WriteString(sc.Text() + "\n")
-		if r.onLine != nil {
-			r.onLine(sc.Text())
-		}
-	}
-	err = cmd.Wait()
-	var exit *exec.ExitError
-	if err != nil && !errors.As(err, &exit) {
-		require.NoError(t, err)
-	}
-	return result{code: cmd.ProcessState.ExitCode(), stdout: stdout.String(), stderr: stderr.String()}
+	tr := rollout.SSH{HooksDir: o.hooks, Version: version, Config: o.config, RemoteReleases: o.releases,
+		AppPort: o.appPort, ImagePrefix: DefaultImagePrefix, Timing: o.timing, Stdout: stdout, Stderr: stderr}
+	c := rollout.Config{Version: version, Servers: names, MaxUnavailable: 1, Timing: o.timing,
+		Transport: tr, Balancer: inService{}, Log: stdout}
+	require.NoError(t, c.Check())
+	return rollout.Run(context.Background(), c)
+}
+
+// output is what a rollout printed, its servers' lines written side by
+// side.
+type output struct {
+	stdout, stderr syncBuffer
+}
+
+func (o *output) String() string {
+	return "stdout:\n" + o.stdout.String() + "\nstderr:\n" + o.stderr.String()
+}
+
+// syncBuffer is a buffer written from several goroutines.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// table is the report as cmd/rollout prints it, for a failure's message.
+func table(rep rollout.Report) string {
+	var b strings.Builder
+	_ = rep.WriteTable(&b)
+	return b.String()
+}
+
+// serverLine matches a line the server printed, relayed after its name.
+func serverLine(s simServer, text string) string {
+	return `(?m)^\[` + regexp.QuoteMeta(s.name) + `\] .*` + regexp.QuoteMeta(text)
 }
 
 // serverState is what a server is left with: the version its current
@@ -210,29 +232,35 @@ func requireAt(t *testing.T, s simServer, version string) {
 }
 
 func TestRolloutOverSSH(t *testing.T) {
-	// s1 and s2 run at once; they are gone before s7 runs.
+	// s1 and s2 run at once.
 	parallel(t, 2)
 	tag := images(t)
 	ssh := startSSHD(t)
 	tm := infra.Prod().Scaled(0.2)
-	hooksDir := releaseHooks(t, tm)
 	releases := filepath.Join(t.TempDir(), "releases")
 	s1, s2 := newSimServer(t, 1), newSimServer(t, 2)
 	config := clientConfig(t, ssh, ssh.KnownHosts(), "", s1, s2)
 	require.NoError(t, sshd.CheckSession(config, s1.host()))
-	ro := sshRollout{hooks: hooksDir, config: config, releases: releases, appPort: freePort(t)}
+	ro := overSSH{hooks: releaseHooks(t, tm), config: config, releases: releases, appPort: freePort(t), timing: tm}
 
 	t.Run("success", func(t *testing.T) {
-		res := ro.run(t, tag, s1, s2)
-		require.Equal(t, 0, res.code, "%s\nsshd:\n%s", res, ssh.Log())
-		for _, s := range []simServer{s1, s2} {
-			assert.Contains(t, res.stdout, "installed hooks into "+s.Root+"/hooks", "bootstrap ran on %s", s.name)
+		out := &output{}
+		rep := ro.run(t, tag, &out.stdout, &out.stderr, s1, s2)
+		require.Equal(t, rollout.Deployed, rep.Outcome, "%s%s\nsshd:\n%s", table(rep), out, ssh.Log())
+		require.Len(t, rep.Servers, 2)
+		for i, s := range []simServer{s1, s2} {
+			sr := rep.Servers[i]
+			assert.Equal(t, []string{s.name, "", tag, "yes"}, []string{sr.Server, sr.Before, sr.Now, sr.Verified})
+			assert.Equal(t, []string{"deploy: verified and back in service"}, sr.What, s.name)
+			assert.Regexp(t, serverLine(s, "installed hooks into "+s.Root+"/hooks"), out.stdout.String(), "bootstrap ran on %s", s.name)
+			assert.Regexp(t, serverLine(s, "deployed "+tag+" in"), out.stdout.String(), "%s's log streams back", s.name)
 			requireAt(t, s, tag)
 		}
-		assert.Equal(t, 2, strings.Count(res.stdout, "deployed "+tag+" in"), "each server's log streams back:\n%s", res.stdout)
-		assert.Less(t, strings.Index(res.stdout, "installed hooks into "+s1.Root), strings.Index(res.stdout, "[2/2] deploying "+tag+" to s2"),
-			"one server at a time")
-		assert.Contains(t, res.stdout, "deployed "+tag+" to all 2 server(s): s1 s2")
+		assert.Equal(t, 2, strings.Count(out.stdout.String(), "deployed "+tag+" in"), "each server's log streams back:\n%s", out)
+		// One server at a time: s1's deploy ended before s2's began.
+		s1Done := regexp.MustCompile(serverLine(s1, "deployed "+tag+" in")).FindStringIndex(out.stdout.String())
+		require.NotNil(t, s1Done, "%s", out)
+		assert.Less(t, s1Done[0], strings.Index(out.stdout.String(), "deploying "+tag+" to [s2]"), "one server at a time:\n%s", out)
 		// The release on the server is root's, with no group or other
 		// write, whoever owned the files that were shipped.
 		entries, err := os.ReadDir(filepath.Join(releases, tag))
@@ -257,36 +285,46 @@ func TestRolloutOverSSH(t *testing.T) {
 		s3, s4 := newSimServer(t, 3), newSimServer(t, 4)
 		ro := ro
 		ro.config = clientConfig(t, ssh, ssh.KnownHosts(), "", s3, s4)
-		res := ro.run(t, missing, s3, s4)
-		assert.Equal(t, 1, res.code, "%s", res)
-		assert.Contains(t, res.stdout, "cannot pull "+ImageName(DefaultImagePrefix, Roles[0], missing))
-		assert.Contains(t, res.stderr, "deploy of "+missing+" to s3 FAILED (exit 1)")
-		assert.Contains(t, res.stderr, "ended with exit status 1")
+		out := &output{}
+		rep := ro.run(t, missing, &out.stdout, &out.stderr, s3, s4)
+		assert.Equal(t, rollout.Failed, rep.Outcome, "%s%s", table(rep), out)
+		assert.Regexp(t, serverLine(s3, "cannot pull "+ImageName(DefaultImagePrefix, Roles[0], missing)), out.stdout.String())
+		assert.Regexp(t, serverLine(s3, "ended with exit status 1"), out.stderr.String())
+		require.Len(t, rep.Servers, 2)
 		// s3 ran nothing before: there is no release to go back to.
-		assert.Contains(t, res.stderr, "s3 ran no release before this rollout: nothing to roll back to")
-		assert.Regexp(t, `(?m)^s4 +- +- +no +not started$`, res.stdout)
+		assert.Equal(t, []string{"deploy FAILED: s3 " + missing + ": exit status 1",
+			"no release before this rollout: nothing to roll back to"}, rep.Servers[0].What, "%s", table(rep))
+		s4r := rep.Servers[1]
+		assert.Equal(t, []string{"s4", "", "", "no"}, []string{s4r.Server, s4r.Before, s4r.Now, s4r.Verified})
+		assert.Equal(t, []string{"not started"}, s4r.What)
 		assert.NoDirExists(t, s4.Root, "s4 never touched: asking what it runs created nothing")
 	})
 
 	t.Run("exit status through ssh", func(t *testing.T) {
 		// The server's lock is held (a watchdog restart, say) past the lock
-		// wait: deploy's 75 comes back as 75. A short timing keeps the wait
-		// short; compose still gets whole seconds.
+		// wait: remote-deploy's 75 comes back as 75, within the rollout's
+		// own bound on --status. A short timing keeps the wait short;
+		// compose still gets whole seconds.
 		short := scaledWithoutContainers(0.1)
 		s5 := newSimServer(t, 5)
 		ro := ro
 		ro.hooks = releaseHooks(t, short)
+		ro.timing = short
 		ro.config = clientConfig(t, ssh, ssh.KnownHosts(), "", s5)
 		require.NoError(t, os.MkdirAll(s5.Root, 0o755))
 		lock, err := os.OpenFile(filepath.Join(s5.Root, "mythex.lock"), os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o600)
 		require.NoError(t, err)
 		defer lock.Close()
 		require.NoError(t, syscall.Flock(int(lock.Fd()), syscall.LOCK_EX))
-		res := ro.run(t, tag, s5)
-		assert.Equal(t, 1, res.code, "%s", res)
-		assert.Contains(t, res.stderr, "gave up after "+seconds(short.LockWait)+"s waiting for the server lock")
-		assert.Contains(t, res.stderr, "asking what runs on s5 FAILED (exit 75)")
-		assert.Contains(t, res.stderr, "cannot tell what runs on: s5; nothing deployed")
+		out := &output{}
+		rep := ro.run(t, tag, &out.stdout, &out.stderr, s5)
+		assert.Equal(t, rollout.Failed, rep.Outcome, "%s%s", table(rep), out)
+		assert.Regexp(t, serverLine(s5, "gave up after "+seconds(short.LockWait)+"s waiting for the server lock"), out.stderr.String())
+		require.Len(t, rep.Servers, 1)
+		// Nothing deployed: the rollout stops at what it could not ask.
+		sr := rep.Servers[0]
+		assert.Equal(t, []string{"?", "?", "unknown"}, []string{sr.Before, sr.Now, sr.Verified})
+		assert.Equal(t, []string{"cannot tell what it runs: s5 --status: exit status 75"}, sr.What)
 		assert.NoDirExists(t, filepath.Join(s5.Root, "hooks"), "bootstrap never ran without the lock")
 	})
 
@@ -305,48 +343,18 @@ func TestRolloutOverSSH(t *testing.T) {
 				ro := ro
 				ro.releases = rel
 				ro.config = clientConfig(t, ssh, kh, "  StrictHostKeyChecking accept-new", s6)
-				res := ro.run(t, tag, s6)
-				assert.Equal(t, 1, res.code, "%s", res)
-				assert.Contains(t, res.stderr, "Host key verification failed")
-				assert.Contains(t, res.stderr, "ssh to s6 failed or the connection dropped (exit 255)")
-				assert.Contains(t, res.stderr, "cannot tell what runs on: s6; nothing deployed")
+				out := &output{}
+				rep := ro.run(t, tag, &out.stdout, &out.stderr, s6)
+				assert.Equal(t, rollout.Failed, rep.Outcome, "%s%s", table(rep), out)
+				assert.Regexp(t, serverLine(s6, "Host key verification failed"), out.stderr.String())
+				require.Len(t, rep.Servers, 1)
+				sr := rep.Servers[0]
+				assert.Equal(t, []string{"?", "?", "unknown"}, []string{sr.Before, sr.Now, sr.Verified})
+				assert.Equal(t, []string{"cannot tell what it runs: s6 --status: ssh failed or the connection dropped (exit 255)"}, sr.What)
 				assert.NoDirExists(t, rel, "nothing shipped")
 				assert.NoDirExists(t, s6.Root, "nothing run")
 			})
 		}
-	})
-
-	t.Run("connection dropped mid-deploy", func(t *testing.T) {
-		ro := ro
-		s7 := newSimServer(t, 7)
-		ro.config = clientConfig(t, ssh, ssh.KnownHosts(), "", s7)
-		res := ro.run(t, tag, s7)
-		require.Equal(t, 0, res.code, "%s", res)
-		v2 := "v2-" + tag
-		buildVersion(t, v2)
-		// Cut the connection once deploy is replacing the containers: the
-		// moment a killed deploy would leave services missing.
-		ro.onLine = func(l string) {
-			if strings.Contains(l, "running container(s) with "+v2) {
-				ssh.Relay.Cut()
-			}
-		}
-		// Left where it is, to see the deploy finish without its caller
-		// (TestRolloutRollsBackOverSSH rolls back).
-		ro.flags = []string{"--no-rollback"}
-		res = ro.run(t, v2, s7)
-		assert.Equal(t, 1, res.code, "%s", res)
-		assert.Contains(t, res.stderr, "ssh to s7 failed or the connection dropped (exit 255)")
-		assert.NotContains(t, res.stdout, "deployed "+v2+" in", "the rollout saw the connection drop before the end")
-		// The deploy goes on without its caller; once it lets go of the
-		// server lock, the server is at the new release, verified.
-		out, err := exec.Command("flock", "-w", seconds(tm.ServerDeployMax()), filepath.Join(s7.Root, "mythex.lock"), "true").CombinedOutput()
-		require.NoError(t, err, "the server lock stayed held: %s", out)
-		requireAt(t, s7, v2)
-		logs, err := filepath.Glob(filepath.Join(ro.releases, v2, "remote-deploy.*.log"))
-		require.NoError(t, err)
-		require.Len(t, logs, 1)
-		assert.Contains(t, string(mustRead(t, logs[0])), "deployed "+v2+" in", "the server's log says how it ended")
 	})
 }
 
@@ -373,46 +381,56 @@ func TestRolloutRollsBackOverSSH(t *testing.T) {
 	ssh := startSSHD(t)
 	s8, s9 := newSimServer(t, 8), newSimServer(t, 9)
 	good := infra.Prod().Scaled(0.2)
-	ro := sshRollout{
+	ro := overSSH{
 		hooks:    releaseHooks(t, good),
 		config:   clientConfig(t, ssh, ssh.KnownHosts(), "", s8, s9),
 		releases: filepath.Join(t.TempDir(), "releases"),
 		appPort:  freePort(t),
+		timing:   good,
 	}
-	res := ro.run(t, tag, s8, s9)
-	require.Equal(t, 0, res.code, "%s", res)
+	out := &output{}
+	rep := ro.run(t, tag, &out.stdout, &out.stderr, s8, s9)
+	require.Equal(t, rollout.Deployed, rep.Outcome, "%s%s", table(rep), out)
 	good8, good9 := installedHooks(t, s8.Server), installedHooks(t, s9.Server)
 
 	other := good
 	other.WatchdogInterval += time.Second
 	broken := ro
 	broken.hooks = releaseHooks(t, other)
-	res = broken.run(t, bad, s8, s9)
-	assert.Equal(t, 1, res.code, "%s", res)
-	assert.Contains(t, res.stderr, "deploy of "+bad+" to s8 FAILED (exit 1)")
-	assert.Contains(t, res.stdout, "api: container health is")
-	assert.Contains(t, res.stdout, "rolling back to "+tag+" (release "+tag+"-")
-	assert.Contains(t, res.stdout, "with the hooks that deployed it (hook-releases/")
-	q := regexp.QuoteMeta(tag)
-	assert.Regexp(t, `(?m)^s8 +`+q+` +`+q+` +yes +FAILED \(deploy exit 1\); rolled back$`, res.stdout)
-	assert.Regexp(t, `(?m)^s9 +`+q+` +`+q+` +yes +not started$`, res.stdout)
+	broken.timing = other
+	out = &output{}
+	rep = broken.run(t, bad, &out.stdout, &out.stderr, s8, s9)
+	assert.Equal(t, rollout.Failed, rep.Outcome, "%s%s", table(rep), out)
+	require.Len(t, rep.Servers, 2)
+	// s8, the canary, failed (deploy's exit 1 through ssh) and went back
+	// to the release before, verified; s9 was never touched.
+	assert.Equal(t, rollout.ServerReport{Server: "s8", Before: tag, Now: tag, Verified: "yes",
+		What: []string{"deploy FAILED: s8 " + bad + ": exit status 1", "rollback: verified and back in service"}}, rep.Servers[0], "%s", table(rep))
+	assert.Equal(t, rollout.ServerReport{Server: "s9", Before: tag, Now: tag, Verified: "yes",
+		What: []string{"not started"}}, rep.Servers[1], "%s", table(rep))
+	assert.Regexp(t, serverLine(s8, "api: container health is"), out.stdout.String())
+	assert.Regexp(t, serverLine(s8, "rolling back to "+tag+" (release "+tag+"-"), out.stdout.String())
+	assert.Regexp(t, serverLine(s8, "with the hooks that deployed it (hook-releases/"), out.stdout.String())
+	assert.NotContains(t, out.stdout.String(), "deploying "+bad+" to [s9]")
 	requireAt(t, s8, tag)
 	requireAt(t, s9, tag)
-	assert.NotContains(t, res.stdout, "deploying "+bad+" to s9")
 	// The broken release's bootstrap had installed its hooks, numbers and
 	// timer on s8; the rollback put the good release's back, byte for byte.
-	assert.Contains(t, res.stdout, "installed hooks into "+s8.Root+"/hooks", "the broken release's bootstrap ran on s8")
+	assert.Regexp(t, serverLine(s8, "installed hooks into "+s8.Root+"/hooks"), out.stdout.String(), "the broken release's bootstrap ran on s8")
 	for _, name := range []string{TimingEnvFile, TimerFile} {
 		assert.NotEqual(t, mustRead(t, filepath.Join(ro.hooks, name)), mustRead(t, filepath.Join(broken.hooks, name)), "the releases' %s differ", name)
 	}
 	assert.Equal(t, good8, installedHooks(t, s8.Server), "s8 runs the hooks, numbers and units of the release before")
 	assert.Equal(t, good9, installedHooks(t, s9.Server), "s9 untouched")
 
-	res = ro.run(t, tag, s8, s9)
-	require.Equal(t, 0, res.code, "%s", res)
-	assert.Regexp(t, `(?m)^s8 +`+q+` +`+q+` +yes +skipped: already on `+q+`$`, res.stdout)
-	assert.Regexp(t, `(?m)^s9 +`+q+` +`+q+` +yes +skipped: already on `+q+`$`, res.stdout)
-	assert.NotContains(t, res.stdout, "deploying "+tag+" to")
+	out = &output{}
+	rep = ro.run(t, tag, &out.stdout, &out.stderr, s8, s9)
+	require.Equal(t, rollout.Deployed, rep.Outcome, "%s%s", table(rep), out)
+	for i, s := range []string{"s8", "s9"} {
+		assert.Equal(t, rollout.ServerReport{Server: s, Before: tag, Now: tag, Verified: "yes",
+			What: []string{"skipped: already on " + tag}}, rep.Servers[i])
+	}
+	assert.NotContains(t, out.stdout.String(), "deploying "+tag+" to", "nothing deployed again")
 }
 
 // installedHooks is what a server runs its hooks and watchdog with: every
@@ -463,38 +481,29 @@ type inService struct{}
 func (inService) WaitInService(context.Context, string) error { return nil }
 
 // Finding 9: the bash rollout took a dropped connection for a failed
-// deploy ("connection dropped mid-deploy" above) and rolled back over the
-// deploy that ran on, detached. The Go rollout re-attaches: with the relay
-// cut while deploy replaces the containers, it reconnects, waits through
-// remote-deploy --attach for that deploy to end, and reports the server
-// deployed, verified, with no rollback.
+// deploy and rolled back over the deploy that ran on, detached. The Go
+// rollout re-attaches: with the relay cut while deploy replaces the
+// containers (the moment a killed deploy would leave services missing), it
+// reconnects, waits through remote-deploy --attach for that deploy, which
+// went on without its caller, to end, and reports the server deployed,
+// verified, with no rollback.
 func TestGoRolloutReattachesAfterADrop(t *testing.T) {
 	parallel(t, 1)
 	tag := images(t)
 	ssh := startSSHD(t)
 	tm := infra.Prod().Scaled(0.2)
-	hooksDir := releaseHooks(t, tm)
 	s := newSimServer(t, 10)
-	config := clientConfig(t, ssh, ssh.KnownHosts(), "", s)
-	releases := filepath.Join(t.TempDir(), "releases")
-	appPort := freePort(t)
-	run := func(version string, out *lineCutter) rollout.Report {
-		tr := rollout.SSH{HooksDir: hooksDir, Version: version, Config: config, RemoteReleases: releases,
-			AppPort: appPort, ImagePrefix: DefaultImagePrefix, Timing: tm, Stdout: out, Stderr: out}
-		c := rollout.Config{Version: version, Servers: []string{s.name}, MaxUnavailable: 1, Timing: tm,
-			Transport: tr, Balancer: inService{}, Log: out}
-		require.NoError(t, c.Check())
-		return rollout.Run(context.Background(), c)
-	}
+	ro := overSSH{hooks: releaseHooks(t, tm), config: clientConfig(t, ssh, ssh.KnownHosts(), "", s),
+		releases: filepath.Join(t.TempDir(), "releases"), appPort: freePort(t), timing: tm}
 	first := &lineCutter{cut: func() {}}
-	rep := run(tag, first)
+	rep := ro.run(t, tag, first, first, s)
 	require.Equal(t, rollout.Deployed, rep.Outcome, "%s", first)
 
 	v2 := "v2-" + tag
 	buildVersion(t, v2)
 	// Cut the connection once deploy is replacing the containers.
 	out := &lineCutter{match: "running container(s) with " + v2, cut: ssh.Relay.Cut}
-	rep = run(v2, out)
+	rep = ro.run(t, v2, out, out, s)
 	require.Equal(t, rollout.Deployed, rep.Outcome, "%s", out)
 	assert.Contains(t, out.String(), "ssh failed or the connection dropped (exit 255); re-attaching", "the connection dropped mid-deploy")
 	require.Len(t, rep.Servers, 1)
@@ -505,4 +514,9 @@ func TestGoRolloutReattachesAfterADrop(t *testing.T) {
 	assert.Equal(t, v2, rep.Servers[0].Now)
 	assert.Equal(t, "yes", rep.Servers[0].Verified)
 	requireAt(t, s, v2)
+	// The deploy's own log, on the server, says how it ended.
+	logs, err := filepath.Glob(filepath.Join(ro.releases, v2, "remote-deploy.*.log"))
+	require.NoError(t, err)
+	require.Len(t, logs, 1)
+	assert.Contains(t, string(mustRead(t, logs[0])), "deployed "+v2+" in", "the server's log says how it ended")
 }

@@ -75,6 +75,9 @@ func TestELBWaitsUntilHealthy(t *testing.T) {
 		assert.GreaterOrEqual(t, c.At.Sub(start), time.Duration(i)*tm.ReentryPoll(), "call %d", i)
 	}
 	assert.Contains(t, log.String(), "initial (Elb.RegistrationInProgress: Target registration is in progress)")
+	// A failed call is a state like any other: reported, and the next
+	// poll may answer.
+	assert.Regexp(t, `\[i-0abc\] no-answer \(operation error .*DescribeTargetHealth.*\) at \+`, log.String())
 	assert.Contains(t, log.String(), "healthy")
 }
 
@@ -88,11 +91,16 @@ func TestELBLastPollAtTheDeadline(t *testing.T) {
 	e := rollout.ELB{API: client, TargetGroupARN: "arn:tg", Port: 80, Timing: tm}
 	start := time.Now()
 	err := e.WaitInService(context.Background(), "i-1")
+	took := time.Since(start)
 	require.Error(t, err)
+	assert.Contains(t, err.Error(), "i-1 not back in service after "+tm.ReentryWait().String(), "it names its bound")
 	assert.Contains(t, err.Error(), "last state: unhealthy (Target.FailedHealthChecks: )")
 	calls := s.Calls()
 	require.NotEmpty(t, calls)
 	assert.GreaterOrEqual(t, calls[len(calls)-1].At.Sub(start), tm.ReentryWait(), "the last poll is at the deadline, not before it")
+	// It gives up within its bound: the last poll's own bound after the
+	// deadline, which the rollout's context for the wait holds it to.
+	assert.LessOrEqual(t, took, tm.ReentryWaitMax(), "gave up within the bound")
 }
 
 // A healthy answer at the last poll is in time.

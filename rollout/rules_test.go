@@ -311,6 +311,25 @@ func TestRollbackOfAFirstDeploy(t *testing.T) {
 	assert.LessOrEqual(t, f.maxOut, 1)
 }
 
+// A server whose first deploy fails has nothing to roll back to: the table
+// says so, and the servers this rollout deployed before it still go back
+// when there is room. s1 was out (unverified on v1) and went first; s2, on
+// nothing, failed; s3 was never started.
+func TestFailedFirstDeployHasNothingToRollBackTo(t *testing.T) {
+	f := newFleet(map[string]server{"s1": {release: "v1"}, "s2": {}, "s3": healthy()})
+	f.deployFails["s2"] = true
+	rep := rollout.Run(context.Background(), cfg(f, 2, servers(3)...))
+	require.Equal(t, rollout.Failed, rep.Outcome)
+	assertPhases(t, [][]string{{"deploy s1"}, {"wait s1"}, {"deploy s2"}, {"rollback s1"}, {"wait s1"}}, f.allCalls())
+	got := byServer(rep)
+	assert.Equal(t, []string{"", "", "no"}, []string{got["s2"].Before, got["s2"].Now, got["s2"].Verified})
+	assert.Equal(t, []string{"deploy FAILED: deploy exit 1", "no release before this rollout: nothing to roll back to"}, got["s2"].What)
+	assert.Equal(t, []string{"v1", "v1", "yes"}, []string{got["s1"].Before, got["s1"].Now, got["s1"].Verified})
+	assert.Equal(t, []string{deployed, rolledBack}, got["s1"].What)
+	assert.Equal(t, []string{"not started"}, got["s3"].What)
+	assert.LessOrEqual(t, f.maxOut, 2)
+}
+
 // A cancel in the middle of a batch (a cancelled CI job): nothing new
 // starts, the batch's deploys run on to their end, and the same rollout
 // run again converges, deploying only what the first did not, never with

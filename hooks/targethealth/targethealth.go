@@ -129,7 +129,7 @@ func CLIOutput(id string, port int, h Health) ([]byte, error) {
 	return append(out, '\n'), nil
 }
 
-// parseCLI reads the arguments the rollout passes to the CLI; anything else
+// parseCLI reads the arguments of a describe-target-health call; anything else
 // is refused, as a stand-in must not accept what the real CLI would not.
 func parseCLI(args []string) (Call, error) {
 	var c Call

@@ -16,7 +16,7 @@ import (
 
 const testARN = "arn:aws:elasticloadbalancing:eu-west-1:123456789012:targetgroup/mythex-api/0123456789abcdef"
 
-// The arguments the rollout passes (hooks/rollout's target_state).
+// The arguments that ask the CLI for one target's health.
 var rolloutArgs = []string{"elbv2", "describe-target-health", "--target-group-arn", testARN,
 	"--targets", "Id=i-0123456789abcdef0,Port=8080", "--output", "json"}
 
