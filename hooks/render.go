@@ -226,16 +226,11 @@ func timingEnvValues(t infra.Timing) [][2]string {
 		// server runs later than their interval says.
 		{"MYTHEX_SETTLE_MS", ms(t.Reentry())},
 		{"MYTHEX_SETTLE_CHECKS", strconv.Itoa(t.SettleChecks())},
-		{"MYTHEX_REENTRY_POLL_MS", ms(t.ReentryPoll())},
-		{"MYTHEX_REENTRY_WAIT_MS", ms(t.ReentryWait())},
 		{"MYTHEX_WATCHDOG_INTERVAL_MS", ms(t.WatchdogInterval)},
 		{"MYTHEX_DEPLOY_DOWNTIME_MS", ms(t.DeployDowntime())},
 		{"MYTHEX_WATCHDOG_HOLD_MS", ms(t.WatchdogHold())},
 		{"MYTHEX_DEPLOY_HOLD_MS", ms(t.DeployHold)},
 		{"MYTHEX_REMOTE_HOLD_MS", ms(t.RemoteHold())},
-		// The rollout's bound on one batch, the Go rollout's RolloutBatchMax:
-		// how long it waits, after a signal, for the servers in flight.
-		{"MYTHEX_BATCH_MAX_MS", ms(t.RolloutBatchMax())},
 		{"MYTHEX_WATCHDOG_STRIKES", strconv.Itoa(t.WatchdogStrikes)},
 		{"MYTHEX_HEALTH_PATH", infra.HealthPath},
 		{"MYTHEX_HEALTHY_STATUS", strconv.Itoa(infra.HealthyStatus)},

@@ -226,9 +226,6 @@ func TestTimingEnvFollowsTiming(t *testing.T) {
 			assert.Equal(t, timing.ContainerHealthTimeout, ms("MYTHEX_CONTAINER_HEALTH_TIMEOUT_MS"))
 			assert.Equal(t, timing.Reentry(), ms("MYTHEX_SETTLE_MS"))
 			assert.Equal(t, timing.WatchdogInterval, ms("MYTHEX_WATCHDOG_INTERVAL_MS"))
-			assert.Equal(t, timing.ReentryPoll(), ms("MYTHEX_REENTRY_POLL_MS"))
-			assert.Equal(t, timing.ReentryWait(), ms("MYTHEX_REENTRY_WAIT_MS"))
-			assert.Equal(t, timing.RolloutBatchMax(), ms("MYTHEX_BATCH_MAX_MS"))
 			assert.Equal(t, timing.DeployHold, ms("MYTHEX_DEPLOY_HOLD_MS"))
 			assert.Equal(t, timing.RemoteHold(), ms("MYTHEX_REMOTE_HOLD_MS"))
 			assert.Equal(t, strconv.Itoa(timing.WatchdogStrikes), env["MYTHEX_WATCHDOG_STRIKES"])
@@ -317,7 +314,7 @@ func scripts(t *testing.T) []string {
 			out = append(out, e.Name())
 		}
 	}
-	require.Subset(t, out, []string{"deploy", "watchdog", "bootstrap", "rollout", "lib.sh"})
+	require.Subset(t, out, []string{"deploy", "watchdog", "bootstrap", "remote-deploy", "lib.sh"})
 	return out
 }
 

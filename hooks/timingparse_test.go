@@ -100,7 +100,7 @@ func TestTimingFileQuotesWrapAValueWhole(t *testing.T) {
 		{"MYTHEX_SERVICES", `"api orchestrator" "gateway publish-worker"`, double},
 		{"MYTHEX_COMPOSE_VARS", `"MYTHEX_VERSION MYTHEX_IMAGE_PREFIX MYTHEX_BIND MYTHEX_APP_PORT"x`, double},
 		{"MYTHEX_HEALTHY_STATUS", `'200'`, single},
-		{"MYTHEX_BATCH_MAX_MS", `"'259000'"`, single},
+		{"MYTHEX_DEPLOY_HOLD_MS", `"'360000'"`, single},
 	}
 	t.Run("bad quotes, each named at once", func(t *testing.T) {
 		env := generated

@@ -59,16 +59,10 @@ func TestWriteReleaseBeforeDiffersOnlyInTheDrain(t *testing.T) {
 	assert.Equal(t, uncommented(want), uncommented(got[hooks.ComposeFile]),
 		"nothing else differs from prod's servers (the header comment tells before's drain)")
 	assert.Equal(t, string(hooks.Checksum([]byte(got[hooks.ComposeFile]))), got[hooks.ChecksumFile], "checksum matches what is shipped")
-	// The numbers that follow the balancer's checks are before's own, from
-	// its slower checks: the deploy's settle window (re-entry), the
-	// rollout's polling for re-entry, and the longest a server's deploy and
-	// a rollout's batch may take (re-entry included).
+	// The one number that follows the balancer's checks is before's own,
+	// from its slower checks: the deploy's settle window (re-entry).
 	reentry := func(tm infra.Timing) *strings.Replacer {
-		return strings.NewReplacer(
-			fmt.Sprintf("MYTHEX_SETTLE_MS=%d\n", tm.Reentry().Milliseconds()), "SETTLE\n",
-			fmt.Sprintf("MYTHEX_REENTRY_POLL_MS=%d\n", tm.ReentryPoll().Milliseconds()), "POLL\n",
-			fmt.Sprintf("MYTHEX_REENTRY_WAIT_MS=%d\n", tm.ReentryWait().Milliseconds()), "WAIT\n",
-			fmt.Sprintf("MYTHEX_BATCH_MAX_MS=%d\n", tm.RolloutBatchMax().Milliseconds()), "BATCH_MAX\n")
+		return strings.NewReplacer(fmt.Sprintf("MYTHEX_SETTLE_MS=%d\n", tm.Reentry().Milliseconds()), "SETTLE\n")
 	}
 	assert.Equal(t, reentry(ref).Replace(prod[hooks.TimingEnvFile]), reentry(before).Replace(got[hooks.TimingEnvFile]),
 		"the scripts' numbers are prod's but for those that follow the balancer's checks")
