@@ -34,6 +34,13 @@ const (
 	// listener closes anyway, and the balancer answers what it still sends
 	// with 502.
 	ReasonMaxDrain = "max drain elapsed with requests still arriving"
+	// ReasonUnwatched: nothing checks or sends here. No balancer node had
+	// checked the server since it started, long enough before the drain
+	// for one that checks it to have been seen, and no request had arrived
+	// for as long, or during the drain; EarliestDrainEnd had passed. A
+	// drain is for health-checkers to notice; with none, it only delays
+	// the deploy (a service no balancer fronts).
+	ReasonUnwatched = "nothing checks or sends here: no balancer node has checked this server, no request arrived"
 )
 
 // NodeEvidence is what the server saw of one balancer node's health checks.
@@ -86,6 +93,10 @@ type evidence struct {
 	next        int
 	lastArrival time.Time
 	start       time.Time
+	// born is when the server started; checked, whether any balancer node
+	// has ever checked it (a node gone quiet is forgotten, this is not).
+	born    time.Time
+	checked bool
 	// requests counts the arrivals in the DrainQuiet before start.
 	requests int
 	extended bool
@@ -96,7 +107,8 @@ func newEvidence(cfg Config) *evidence {
 	if n < 1 {
 		n = 1
 	}
-	return &evidence{cfg: cfg, wake: make(chan struct{}, 1), peers: make(map[string]*peer), arrivals: make([]time.Time, 0, n)}
+	return &evidence{cfg: cfg, wake: make(chan struct{}, 1), peers: make(map[string]*peer), arrivals: make([]time.Time, 0, n),
+		born: time.Now()}
 }
 
 func (e *evidence) signal() {
@@ -138,6 +150,7 @@ func (e *evidence) check(r *http.Request, failed bool, now time.Time) {
 	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
+	e.checked = true
 	if e.start.IsZero() {
 		// Forget nodes gone quiet, so clients asking the health route
 		// from many addresses hold no memory.
@@ -229,6 +242,16 @@ func (e *evidence) report() Evidence {
 	return ev
 }
 
+// unwatched reports that nothing checks or sends here (ReasonUnwatched):
+// no node has ever checked, the server was up for the detection time
+// before the drain (a node checking it would have been seen), and no
+// request arrived in that time or since. e.mu must be held.
+func (e *evidence) unwatched() bool {
+	w := e.window()
+	return e.cfg.Evidence && !e.checked && e.start.Sub(e.born) >= w &&
+		(e.lastArrival.IsZero() || e.start.Sub(e.lastArrival) > w)
+}
+
 // decision is what the drain does at one moment.
 type decision struct {
 	end    bool
@@ -249,6 +272,14 @@ func (e *evidence) decide(now time.Time) decision {
 	elapsed := now.Sub(e.start)
 	wait := c.Drain - elapsed
 
+	if e.unwatched() {
+		endAt := e.start.Add(c.EarliestEnd())
+		if !now.Before(endAt) {
+			d.end, d.reason = true, ReasonUnwatched
+			return d
+		}
+		wait = min(wait, endAt.Sub(now))
+	}
 	if d.ev.Weak == "" {
 		allFailed := true
 		var lastFail time.Time

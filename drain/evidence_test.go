@@ -328,3 +328,72 @@ func TestPeersItCannotTellApartNeverCountAsOneNode(t *testing.T) {
 		})
 	}
 }
+
+// A service no balancer fronts (nothing checks it, nothing is sent to it)
+// has nobody to wait for: its drain ends at EarliestDrainEnd, not after the
+// whole fixed drain. Anything that could be a balancer keeps the drain:
+// a node's check, a request before the drain or during it, or a server too
+// young for a node that checks it to have been seen yet.
+func TestNothingWatchingEndsTheDrainAtTheEarliest(t *testing.T) {
+	t.Parallel()
+	cfg := evidenceConfig()
+	// A node checking the server is seen within the detection time.
+	window := cfg.HealthCheckInterval*time.Duration(cfg.UnhealthyThreshold) + cfg.HealthCheckTimeout
+	tests := []struct {
+		name string
+		// young: the drain starts at once, before the detection time.
+		young bool
+		// before: what the server sees before its drain, in order.
+		selfCheck, nodeCheck, request bool
+		// during: a request arrives once the drain has begun.
+		during bool
+		want   string
+	}{
+		{name: "nothing checks or sends", want: drain.ReasonUnwatched},
+		{name: "only the host's own checks", selfCheck: true, want: drain.ReasonUnwatched},
+		{name: "a node checked, long before", nodeCheck: true, want: drain.ReasonDrainElapsed},
+		{name: "a request before the drain", request: true, want: drain.ReasonDrainElapsed},
+		{name: "a request during the drain", during: true, want: drain.ReasonDrainElapsed},
+		{name: "too young to know", young: true, want: drain.ReasonDrainElapsed},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			r := start(t, cfg, routes(newGate()))
+			c := newClient(t, r.addr)
+			if tt.selfCheck {
+				c.get("/healthz", map[string]string{drain.HeaderSelfCheck: "docker"})
+			}
+			if tt.nodeCheck {
+				c.check("lb1")
+			}
+			if tt.request {
+				c.traffic(1)
+			}
+			if !tt.young {
+				// The rule is about time passing with nothing seen: there
+				// is no event to await.
+				time.Sleep(window + cfg.HealthCheckInterval/10)
+			}
+			if tt.request {
+				// Recent enough to count: within the detection time.
+				c.traffic(1)
+			}
+			r.srv.StartDrain()
+			waitFor(t, r.srv.Entered(drain.Draining), "draining")
+			if tt.during {
+				c.traffic(1)
+			}
+			waitFor(t, r.srv.Entered(drain.ShuttingDown), "shutting down")
+			drained := r.change(t, drain.ShuttingDown)
+			assert.Equal(t, tt.want, drained.Reason)
+			if tt.want == drain.ReasonUnwatched {
+				assert.GreaterOrEqual(t, drained.Lasted, cfg.EarliestEnd(), "never before the earliest a node can act")
+				assert.Less(t, drained.Lasted, cfg.Drain, "not the whole fixed drain")
+			} else {
+				assert.GreaterOrEqual(t, drained.Lasted, cfg.Drain, "the fixed drain kept")
+			}
+			assert.Equal(t, tt.want, r.logs.records(t, "phase shutting-down")[0]["reason"])
+		})
+	}
+}
