@@ -293,14 +293,10 @@ func matrixProfiles(f float64, cases []Case) ([]Profile, error) {
 	return out, nil
 }
 
-// matrixCases are the rows c runs: the matrix's, and the lagging-balancer
-// rows when c.Lagging.
+// matrixCases are the rows c runs: the matrix's, the lagging-balancer rows
+// last.
 func (c Config) matrixCases() []Case {
-	cases := MatrixCases()
-	if c.Lagging {
-		cases = append(cases, LaggingCases()...)
-	}
-	return cases
+	return append(MatrixCases(), LaggingCases()...)
 }
 
 // ValidateMatrix reports every reason c cannot run the matrix, before
@@ -311,7 +307,7 @@ func (c Config) ValidateMatrix() error {
 	if err := c.Validate(); err != nil {
 		errs = append(errs, err)
 	}
-	if c.Lagging && c.Servers > 0 && c.Scale > 0 {
+	if c.Servers > 0 && c.Scale > 0 {
 		// The evidence drain needs QuietRequests in the DrainQuiet before a
 		// drain; the steady load brings each server its share of the rate.
 		prod := infra.Prod()

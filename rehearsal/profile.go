@@ -31,6 +31,13 @@ import (
 const (
 	ProfileProd   = "prod"
 	ProfileBefore = "before"
+	// ProfileEvidence is prod's timing with every balancer node naming
+	// itself in its checks, as an ALB node does by its own address when a
+	// server can see it: the servers tell the nodes apart and the evidence
+	// drain may end a drain before the fixed one. Prod's nodes reach the
+	// servers through Docker's userland proxy, one peer to them: the fixed
+	// drain. Run side by side, the two show what the evidence drain buys.
+	ProfileEvidence = "evidence"
 )
 
 // The article's old setup, in its own words: the server drained for 5
@@ -131,8 +138,10 @@ func Profiles(f float64, names ...string) ([]Profile, error) {
 			base = infra.Prod()
 		case ProfileBefore:
 			base = Before()
+		case ProfileEvidence:
+			base = infra.Prod()
 		default:
-			errs = append(errs, fmt.Errorf("profile %q: unknown (want %s or %s)", name, ProfileProd, ProfileBefore))
+			errs = append(errs, fmt.Errorf("profile %q: unknown (want %s, %s or %s)", name, ProfileProd, ProfileBefore, ProfileEvidence))
 			continue
 		}
 		if err := CheckScale(base, f); err != nil {
@@ -143,7 +152,10 @@ func Profiles(f float64, names ...string) ([]Profile, error) {
 		if name == ProfileBefore {
 			p.Breaks = beforeBreaks
 		}
-		if name == ProfileProd {
+		if name == ProfileEvidence {
+			p.nodes = NodeBehaviour{Named: true}
+		}
+		if name == ProfileProd || name == ProfileEvidence {
 			if err := p.Timing.ValidateInvariants(); err != nil {
 				errs = append(errs, fmt.Errorf("profile prod scaled by %v: %w", f, err))
 				continue

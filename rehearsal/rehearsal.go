@@ -57,8 +57,6 @@ type Config struct {
 	// MaxUnavailable is the rollout's -max-unavailable (a count or a
 	// percentage); "" leaves the rollout's default, one server at a time.
 	MaxUnavailable string
-	// Lagging adds the lagging-balancer rows to the matrix (RunMatrix).
-	Lagging bool
 }
 
 // maxUnavailable is the rollout's -max-unavailable for c's servers.
@@ -571,6 +569,7 @@ func (c Config) deploy(ctx context.Context, p Profile, id string, d int, servers
 	err = observe(ctx, &dr, servers, lbs, load, t, true, func() error {
 		var err error
 		dr.HookSeconds, dr.ServerSeconds, err = ro.run(ctx, version, n)
+		dr.Drains = ro.drains()
 		return err
 	})
 	return dr, err

@@ -112,6 +112,11 @@ type DeployReport struct {
 	// nodes' logs: which node sent to which server after its listener
 	// closed.
 	BadGatewayBy map[string]int64 `json:"502_by_node_server,omitempty"`
+	// Drains are how each server's old api ended its drain, as its deploy
+	// logged it from the drain library's own line, in server order; empty
+	// for servers deployed over ssh (the rehearsal does not read their
+	// logs back).
+	Drains []DrainEnd `json:"drains,omitempty"`
 	// WatchdogRuns and WatchdogRestarts are the watchdog's runs on every
 	// server during the deploy and the services it restarted.
 	WatchdogRuns     int `json:"watchdog_runs"`
@@ -142,6 +147,39 @@ func (d DeployReport) Ratio() float64 {
 	return d.MeanServerSeconds() / d.ServerDeployMin
 }
 
+// DrainEnd is how one server's old api ended its drain.
+type DrainEnd struct {
+	Server  string  `json:"server"`
+	Seconds float64 `json:"seconds"`
+	// Reason is the rule that ended it, in the drain library's words
+	// (drain.ReasonEvidence, drain.ReasonDrainElapsed, …).
+	Reason string `json:"reason"`
+}
+
+// drainSummary is one line on the drains: their mean length and how many
+// each rule ended.
+func drainSummary(ds []DrainEnd) string {
+	if len(ds) == 0 {
+		return ""
+	}
+	var sum float64
+	by := map[string]int{}
+	for _, d := range ds {
+		sum += d.Seconds
+		by[d.Reason]++
+	}
+	reasons := make([]string, 0, len(by))
+	for r := range by {
+		reasons = append(reasons, r)
+	}
+	slices.Sort(reasons)
+	parts := make([]string, 0, len(reasons))
+	for _, r := range reasons {
+		parts = append(parts, fmt.Sprintf("%d by %q", by[r], r))
+	}
+	return fmt.Sprintf("the old api drained %.2fs on average (%d drains): ended %s", sum/float64(len(ds)), len(ds), strings.Join(parts, ", "))
+}
+
 // MarshalJSON adds the derived mean and ratio, so JSON readers need not
 // recompute them.
 func (d DeployReport) MarshalJSON() ([]byte, error) {
@@ -165,6 +203,7 @@ func total(deploys []DeployReport) DeployReport {
 		t.ByMethod = sumByMethod(t.ByMethod, d.ByMethod)
 		t.ServerSeconds = append(t.ServerSeconds, d.ServerSeconds...)
 		t.HookSeconds = append(t.HookSeconds, d.HookSeconds...)
+		t.Drains = append(t.Drains, d.Drains...)
 		t.ServerDeployMin = d.ServerDeployMin
 		t.TakenOut += d.TakenOut
 		t.LateOut = append(t.LateOut, d.LateOut...)
@@ -242,6 +281,9 @@ func (r Report) WriteTable(w io.Writer) error {
 			}
 			fmt.Fprintf(&b, "  %s: %s\n", side.label, strings.Join(parts, "; "))
 		}
+		if line := drainSummary(p.Total.Drains); line != "" {
+			fmt.Fprintf(&b, "  %s\n", line)
+		}
 		for _, pr := range p.CrossCheck {
 			fmt.Fprintf(&b, "  CROSS-CHECK: %s\n", pr)
 		}
@@ -309,16 +351,16 @@ func (r Report) Check() error {
 			errs = append(errs, fmt.Errorf("%s: the balancer logs and the load disagree: %s", p.Profile, pr))
 		}
 		switch p.Profile {
-		case ProfileProd:
+		case ProfileProd, ProfileEvidence:
 			for _, d := range p.Deploys {
 				if d.BadGateway != 0 || d.Timeout != 0 {
-					errs = append(errs, fmt.Errorf("prod deploy %d: %d 502 and %d 504: requests reached nothing", d.Deploy, d.BadGateway, d.Timeout))
+					errs = append(errs, fmt.Errorf("%s deploy %d: %d 502 and %d 504: requests reached nothing", p.Profile, d.Deploy, d.BadGateway, d.Timeout))
 				}
 				if !d.Verified {
-					errs = append(errs, fmt.Errorf("prod deploy %d: not every service verified on every server: %s", d.Deploy, strings.Join(d.Problems, "; ")))
+					errs = append(errs, fmt.Errorf("%s deploy %d: not every service verified on every server: %s", p.Profile, d.Deploy, strings.Join(d.Problems, "; ")))
 				}
 				if d.WatchdogRestarts != 0 {
-					errs = append(errs, fmt.Errorf("prod deploy %d: the watchdog restarted %d service(s) during the deploy", d.Deploy, d.WatchdogRestarts))
+					errs = append(errs, fmt.Errorf("%s deploy %d: the watchdog restarted %d service(s) during the deploy", p.Profile, d.Deploy, d.WatchdogRestarts))
 				}
 			}
 		case ProfileBefore:

@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 	"sync"
@@ -61,6 +62,9 @@ type rollout struct {
 	start  map[string]time.Time
 	hook   map[string]float64
 	total  map[string]float64
+	// drain is how each server's old api ended its drain, from its
+	// deploy's log.
+	drain map[string]DrainEnd
 	// timeline is where the last run's wall time went.
 	timeline Timeline
 }
@@ -157,6 +161,7 @@ func (r *rollout) shipping(release string, t infra.Timing) {
 func (r *rollout) run(ctx context.Context, version string, maxUnavailable int) (hook, total []float64, err error) {
 	r.mu.Lock()
 	r.start, r.hook, r.total = map[string]time.Time{}, map[string]float64{}, map[string]float64{}
+	r.drain = map[string]DrainEnd{}
 	r.rollbacks = 0
 	t := r.timing
 	r.mu.Unlock()
@@ -358,7 +363,43 @@ func (st *simTransport) Deploy(ctx context.Context, name, version string) error 
 		return fmt.Errorf("deploy %s on %s: %w", version, name, err)
 	}
 	fmt.Fprintf(st.out, "[%s] deployed %s in %.2fs (its log: %s)\n", name, version, time.Since(start).Seconds(), s.log.Name())
+	if d, ok := parseDrainEnd(out.String()); ok {
+		d.Server = name
+		st.r.mu.Lock()
+		st.r.drain[name] = d
+		st.r.mu.Unlock()
+	}
 	return nil
+}
+
+// drainEndLine is deploy's line on how the old api ended its drain.
+var drainEndLine = regexp.MustCompile(`(?m)api: old container \S+ drained and exited 0; its drain lasted (\S+) \((.+)\)$`)
+
+// parseDrainEnd reads how the old api ended its drain from a deploy's
+// output.
+func parseDrainEnd(out string) (DrainEnd, bool) {
+	m := drainEndLine.FindStringSubmatch(out)
+	if m == nil {
+		return DrainEnd{}, false
+	}
+	d, err := time.ParseDuration(m[1])
+	if err != nil {
+		return DrainEnd{}, false
+	}
+	return DrainEnd{Seconds: d.Seconds(), Reason: m[2]}, true
+}
+
+// drains are the last run's drain ends, in server order.
+func (r *rollout) drains() []DrainEnd {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var out []DrainEnd
+	for _, s := range r.servers {
+		if d, ok := r.drain[s.name]; ok {
+			out = append(out, d)
+		}
+	}
+	return out
 }
 
 func (st *simTransport) Rollback(ctx context.Context, name, version string) error {

@@ -12,9 +12,9 @@
 // or 504, every service verified after every deploy and no watchdog restart,
 // and before shows the bug. -matrix runs the invariant matrix instead: prod
 // and one profile per relation a rehearsal can break, each judged on the
-// symptom users would see; with -lagging, also a balancer node slower than
-// its numbers, once against the fixed drain (which must show 502s) and once
-// against the evidence drain (which must show none). -transition rolls a
+// symptom users would see, and a balancer node slower than its numbers,
+// once against the fixed drain (which must show 502s) and once against the
+// evidence drain (which must show none). -transition rolls a
 // change of the timing out in both orders (`pulumi up` reloading the
 // balancer nodes, and the rollout of the new release), and exits 1 unless
 // the order infra.CheckTransition calls safe shows no 502 and the other
@@ -27,7 +27,6 @@
 //
 //	go run ./cmd/rehearse -servers 3 -deploys 20 -rate 200
 //	go run ./cmd/rehearse -matrix -servers 2 -deploys 1
-//	go run ./cmd/rehearse -matrix -lagging
 //	go run ./cmd/rehearse -transition
 //	go run ./cmd/rehearse -fleet -servers 6 -max-unavailable 2 -scale 1
 package main
@@ -67,15 +66,13 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs.IntVar(&c.Deploys, "deploys", 3, "rolling deploys per profile (D)")
 	fs.IntVar(&c.Rate, "rate", 200, "requests per second (R), spread over both balancer nodes")
 	fs.Float64Var(&c.Scale, "scale", 0.2, "factor on every duration; must make StopGracePeriod whole seconds")
-	fs.StringVar(&profiles, "profiles", rehearsal.ProfileProd+","+rehearsal.ProfileBefore, "profiles to run, in order")
+	fs.StringVar(&profiles, "profiles", rehearsal.ProfileProd+","+rehearsal.ProfileBefore, "profiles to run, in order: "+rehearsal.ProfileProd+", "+rehearsal.ProfileBefore+" (the article's old 5 s drain), "+rehearsal.ProfileEvidence+" (prod with balancer nodes the servers tell apart: the evidence drain)")
 	fs.StringVar(&c.Path, "path", "/work", "route the load asks through the balancers (GET and POST, short and long)")
 	fs.StringVar(&c.WorkDir, "workdir", "", "keep servers' directories, balancer configs and logs here (default: a temporary directory, removed)")
 	fs.StringVar(&c.RepoRoot, "repo", "", "repository root (default: found from the working directory)")
 	fs.StringVar(&c.HAProxy, "haproxy", "", "HAProxy binary (default: haproxy on PATH; "+rehearsal.HAProxyInstall+")")
 	fs.BoolVar(&asJSON, "json", false, "print the report as JSON")
-	fs.BoolVar(&matrix, "matrix", false, "run the invariant matrix instead of -profiles: prod and one profile per breakable relation, each judged on its symptom")
-	fs.BoolVar(&c.Lagging, "lagging", false, "with -matrix: add the lagging-balancer rows, a balancer node acting "+rehearsal.LaggingLag(infra.Prod()).String()+
-		" (scaled) after the servers answer its checks, against the fixed drain (502s expected) and the evidence drain (none expected)")
+	fs.BoolVar(&matrix, "matrix", false, "run the invariant matrix instead of -profiles: prod, one profile per breakable relation, and a balancer node acting "+rehearsal.LaggingLag(infra.Prod()).String()+" (scaled) late against the fixed and the evidence drain, each judged on its symptom")
 	fs.BoolVar(&transition, "transition", false, "roll a change of the timing out in both orders instead of -profiles (-deploys does not apply): pulumi up (the balancer nodes reload) and the rollout of the new release, each order judged against infra.CheckTransition")
 	fs.BoolVar(&fleet, "fleet", false, fmt.Sprintf("rehearse fleet rollouts instead of -profiles (-deploys does not apply): a good release in batches, then two broken ones the canary must catch and roll back (%d servers, -max-unavailable %s, -scale %g, unless set)",
 		rehearsal.DefaultFleetServers, rehearsal.DefaultFleetMaxUnavailable, rehearsal.DefaultFleetScale))
@@ -108,10 +105,6 @@ func run(args []string, stdout, stderr io.Writer) int {
 	}
 	if fleet {
 		return runFleet(c, set, asJSON, stdout, stderr)
-	}
-	if c.Lagging && !matrix {
-		fmt.Fprintln(stderr, "rehearse: -lagging adds rows to the matrix; use it with -matrix")
-		return 2
 	}
 	validate := c.Validate
 	if matrix {
@@ -247,10 +240,10 @@ func takeDocker(ctx context.Context, stderr io.Writer) bool {
 }
 
 // refused reports, for a rehearsal that runs without them, each of -matrix,
-// -lagging, -profiles, -deploys and -ssh that was set.
+// -profiles, -deploys and -ssh that was set.
 func refused(set map[string]bool, stderr io.Writer, why string) bool {
 	var clash []string
-	for _, name := range []string{"matrix", "lagging", "profiles", "deploys", "ssh"} {
+	for _, name := range []string{"matrix", "profiles", "deploys", "ssh"} {
 		if set[name] {
 			clash = append(clash, "-"+name)
 		}

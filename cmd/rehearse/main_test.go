@@ -46,9 +46,7 @@ func TestRunRefusesBadInputBeforeTouchingAnything(t *testing.T) {
 			[]string{"maxUnavailable 2 must be below servers 2"}},
 		{"fleet at a scale with no room for the crash", []string{"-fleet", "-scale", "0.2"}, []string{"no crash fits between"}},
 		{"fleet and transition", []string{"-fleet", "-transition"}, []string{"two rehearsals; run one at a time"}},
-		{"lagging without the matrix", []string{"-lagging"}, []string{"-lagging adds rows to the matrix; use it with -matrix"}},
-		{"lagging with the transition", []string{"-transition", "-lagging"}, []string{"it does not take -lagging"}},
-		{"lagging rows with too thin a load", []string{"-matrix", "-lagging", "-servers", "6", "-rate", "100"},
+		{"the lagging rows with too thin a load", []string{"-matrix", "-servers", "6", "-rate", "100"},
 			[]string{"evidence drain needs 10 requests per server", "100 requests/s over 6 servers bring 3.3: raise Rate to 300"}},
 	}
 	for _, tt := range tests {
@@ -80,7 +78,7 @@ func TestHelpExitsZeroWithTheRehearsalsFlags(t *testing.T) {
 	var stdout, stderr bytes.Buffer
 	assert.Equal(t, 0, run([]string{"-h"}, &stdout, &stderr))
 	assert.Empty(t, stderr.String())
-	assert.Equal(t, []string{"deploys", "fleet", "haproxy", "json", "lagging", "matrix", "max-unavailable", "nodes", "path",
+	assert.Equal(t, []string{"deploys", "fleet", "haproxy", "json", "matrix", "max-unavailable", "nodes", "path",
 		"profiles", "rate", "repo", "scale", "servers", "ssh", "transition", "workdir"}, cmdflag.Listed(stdout.String()))
 }
 
@@ -106,7 +104,7 @@ func TestEveryRehearsalWaitsForTheDockerSuites(t *testing.T) {
 		args []string
 	}{
 		{"profiles", nil},
-		{"matrix", []string{"-matrix", "-lagging"}},
+		{"matrix", []string{"-matrix"}},
 		{"transition", []string{"-transition"}},
 		{"fleet", []string{"-fleet"}},
 	} {
