@@ -390,9 +390,13 @@ func (s *Server) Serve(ln net.Listener) error {
 	case err := <-serveDone:
 		serveErr = s.listenerFailed(ln, err)
 	}
-	s.ev.begin(time.Now())
 	since = s.enter(Draining, since, s.drainReason,
 		"drain", s.cfg.Drain.String(), "health", http.StatusServiceUnavailable)
+	// The drain's rules count from the moment health turned 503 and the
+	// drain says it began (enter's time), not from a moment before it: a
+	// drain measured from an earlier instant ended as much before its
+	// configured length as the goroutine was preempted in between.
+	s.ev.begin(since)
 	drainStart := since
 
 	reason, ev := s.drainWait(drainStart, serveDone, ln, &serveErr)
