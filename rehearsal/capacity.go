@@ -65,3 +65,78 @@ func MostOut(lbs []*Balancer, names map[string]string, since time.Time) OutAtOnc
 	}
 	return most
 }
+
+// NodeLow is the fewest servers one balancer node routed to, as its own
+// log tells it, and the first instant it did.
+type NodeLow struct {
+	Node string `json:"node"`
+	// Fewest is the servers the node had in service then, of Servers.
+	Fewest  int `json:"fewest"`
+	Servers int `json:"servers"`
+	// At is the instant; AtSeconds is how long after `since` it came.
+	At        time.Time `json:"at"`
+	AtSeconds float64   `json:"at_s"`
+	// Out names the servers the node held out of service then.
+	Out []string `json:"out,omitempty"`
+}
+
+// FewestIn reads each node's verdicts and returns, node by node, the fewest
+// servers it routed to since `since`. Each node is judged on its own log,
+// not on the fleet's union as MostOut does: capacity is what one node can
+// send to, and two nodes holding different servers out each still route to
+// the rest. The state at `since` is the first sample, so a server already
+// out then counts; moves before it shape that state but are not samples.
+// names maps an upstream's address to its server's name; an upstream it
+// does not name counts as a server, named by its address. Every upstream
+// starts in service, as a node's tracker does.
+func FewestIn(lbs []*Balancer, names map[string]string, since time.Time) []NodeLow {
+	name := func(host string) string {
+		if n := names[host]; n != "" {
+			return n
+		}
+		return host
+	}
+	lows := make([]NodeLow, 0, len(lbs))
+	for _, b := range lbs {
+		moves := b.Health.Moves()
+		hosts := map[string]bool{}
+		for host := range names {
+			hosts[host] = true
+		}
+		for _, m := range moves {
+			hosts[m.Host] = true
+		}
+		out := map[string]bool{}
+		low := NodeLow{Node: b.Name, Fewest: len(hosts) + 1, Servers: len(hosts)}
+		sample := func(at time.Time) {
+			if in := len(hosts) - len(out); in < low.Fewest {
+				low.Fewest, low.At, low.AtSeconds = in, at, at.Sub(since).Seconds()
+				low.Out = nil
+				for host := range out {
+					low.Out = append(low.Out, name(host))
+				}
+				slices.Sort(low.Out)
+			}
+		}
+		sampled := false
+		for _, m := range moves {
+			if !sampled && !m.At.Before(since) {
+				sample(since)
+				sampled = true
+			}
+			if m.In {
+				delete(out, m.Host)
+			} else {
+				out[m.Host] = true
+			}
+			if sampled {
+				sample(m.At)
+			}
+		}
+		if !sampled {
+			sample(since)
+		}
+		lows = append(lows, low)
+	}
+	return lows
+}

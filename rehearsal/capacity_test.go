@@ -67,3 +67,53 @@ func TestHealthTrackerRecordsEachMove(t *testing.T) {
 		assert.False(t, moves[1].At.Before(moves[0].At))
 	}
 }
+
+func TestFewestIn(t *testing.T) {
+	t0 := time.Date(2026, 12, 7, 0, 0, 0, 0, time.UTC)
+	at := func(s int) time.Time { return t0.Add(time.Duration(s) * time.Second) }
+	names := map[string]string{"a:1": "s1", "b:1": "s2", "c:1": "s3"}
+	type nodeMove struct {
+		node int
+		Move
+	}
+	out := func(node, s int, host string) nodeMove { return nodeMove{node, Move{At: at(s), Host: host}} }
+	in := func(node, s int, host string) nodeMove { return nodeMove{node, Move{At: at(s), Host: host, In: true}} }
+	// low is a node's expected minimum, its instant `s` seconds after t0.
+	low := func(node string, fewest, of, s, since int, out ...string) NodeLow {
+		return NodeLow{Node: node, Fewest: fewest, Servers: of, At: at(s), AtSeconds: float64(s - since), Out: out}
+	}
+	tests := []struct {
+		name  string
+		moves []nodeMove
+		since int
+		want  []NodeLow
+	}{
+		{"no moves: every server in service from the start", nil, 0,
+			[]NodeLow{low("lb1", 3, 3, 0, 0), low("lb2", 3, 3, 0, 0)}},
+		{"one node takes a server out and back; the other never moves", []nodeMove{
+			out(0, 1, "a:1"), in(0, 5, "a:1"),
+		}, 0, []NodeLow{low("lb1", 2, 3, 1, 0, "s1"), low("lb2", 3, 3, 0, 0)}},
+		{"two nodes out of step: each counts its own, not the union", []nodeMove{
+			out(0, 1, "a:1"), out(1, 2, "c:1"), out(0, 3, "b:1"), in(1, 4, "c:1"), in(0, 5, "a:1"), in(0, 6, "b:1"),
+		}, 0, []NodeLow{low("lb1", 1, 3, 3, 0, "s1", "s2"), low("lb2", 2, 3, 2, 0, "s3")}},
+		{"moves before since count for the state, not for the minimum", []nodeMove{
+			out(0, 1, "a:1"), out(0, 2, "b:1"), in(0, 3, "a:1"), in(0, 6, "b:1"),
+			out(1, 1, "c:1"), in(1, 2, "c:1"),
+		}, 4, []NodeLow{low("lb1", 2, 3, 4, 4, "s2"), low("lb2", 3, 3, 4, 4)}},
+		{"a server taken out twice counts once while it is out", []nodeMove{
+			out(0, 1, "a:1"), in(0, 2, "a:1"), out(0, 3, "a:1"), out(0, 4, "a:1"), out(0, 5, "b:1"), in(0, 6, "a:1"),
+		}, 0, []NodeLow{low("lb1", 1, 3, 5, 0, "s1", "s2"), low("lb2", 3, 3, 0, 0)}},
+		{"an upstream with no name is a server, named by its address", []nodeMove{
+			out(0, 1, "d:1"),
+		}, 0, []NodeLow{low("lb1", 3, 4, 1, 0, "d:1"), low("lb2", 3, 3, 0, 0)}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			lbs := []*Balancer{{Name: "lb1", Health: NewHealthTracker(nil)}, {Name: "lb2", Health: NewHealthTracker(nil)}}
+			for _, m := range tt.moves {
+				lbs[m.node].Health.moves = append(lbs[m.node].Health.moves, m.Move)
+			}
+			assert.Equal(t, tt.want, FewestIn(lbs, names, at(tt.since)))
+		})
+	}
+}

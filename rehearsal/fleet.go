@@ -59,6 +59,12 @@ type FleetRow struct {
 	// Timeline is where the rollout's time went: its questions to the
 	// servers before and after, and each batch.
 	Timeline Timeline `json:"timeline"`
+	// Capacity is each balancer node's fewest servers in service through
+	// the rollout, from its own log (FewestIn), the instant measured from
+	// the rollout's start. CapacityRequired is the fewest the verdict
+	// allows (capacityFloor), where the scenario is judged on it.
+	Capacity         []NodeLow `json:"capacity,omitempty"`
+	CapacityRequired int       `json:"capacity_required,omitempty"`
 	// Table is the rollout's own final table.
 	Table   string `json:"rollout_table"`
 	Verdict string `json:"verdict"`
@@ -96,12 +102,20 @@ type fleetCase struct {
 // fleetCases are the scenarios in the order they run.
 func fleetCases() []fleetCase {
 	return []fleetCase{
-		{FleetBatched, "", "no 502, no 504, every server on the release and verified, no rollback"},
+		{FleetBatched, "", "no 502, no 504, every server on the release and verified, no rollback, no node ever routing to fewer servers than required"},
 		{FleetNeverHealthy, hooks.FaultNeverHealthy,
 			"the canary's deploy fails (api never healthy), it alone is rolled back, no other server touched; no 502, no 504, every server verified on the old release"},
 		{FleetCrashes, hooks.FaultCrashes,
 			"the canary's deploy fails (api crashed once), it alone is rolled back, no other server touched; no 502, no 504, every server verified on the old release"},
 	}
+}
+
+// capacityFloor is the fewest servers a balancer node may route to during
+// a rollout of k servers at max-unavailable n: today's design takes each
+// batch out of service, so k − n (the canary, a batch of one, k − 1). The
+// slots design (docs/capacity.md) keeps every server in service: k.
+func capacityFloor(k, n int) int {
+	return k - n
 }
 
 // fleetN reads c.MaxUnavailable as the fleet rehearsal takes it: a count
@@ -186,6 +200,7 @@ func RunFleet(ctx context.Context, c Config) (FleetReport, error) {
 		return FleetReport{}, err
 	}
 	n, _ := c.fleetN()
+	required := capacityFloor(c.Servers, n)
 	rep := FleetReport{Date: time.Now().UTC().Format("2006-01-02"), Servers: c.Servers, MaxUnavailable: n}
 	r, runErrs := c.run(ctx, profiles, true)
 	rep.Report = r
@@ -200,7 +215,7 @@ func RunFleet(ctx context.Context, c Config) (FleetReport, error) {
 				runErr = e
 			}
 		}
-		rep.Rows = append(rep.Rows, fc.judge(pr, runErr, facts[fc.name], profiles[i].Timing, c.Servers, n))
+		rep.Rows = append(rep.Rows, fc.judge(pr, runErr, facts[fc.name], profiles[i].Timing, c.Servers, n, required))
 	}
 	if ctx.Err() != nil {
 		return rep, ctx.Err()
@@ -222,6 +237,9 @@ type fleetStep struct {
 	rolloutErr error
 	// timeline is where the rollout's time went.
 	timeline Timeline
+	// capacity is each node's fewest servers in service from the
+	// rollout's start to its end.
+	capacity []NodeLow
 }
 
 // steps rolls the scenario's release out once with -max-unavailable n.
@@ -243,10 +261,17 @@ func (fc fleetCase) steps(n int, delay time.Duration, st *fleetStep) func(contex
 		if err != nil {
 			return []DeployReport{dr}, err
 		}
+		names := map[string]string{}
+		for _, s := range f.servers {
+			names[s.addr] = s.name
+		}
 		err = observe(ctx, &dr, f.servers, f.lbs, f.load, t, fc.fault == "", func() error {
 			start := time.Now()
 			dr.HookSeconds, dr.ServerSeconds, st.rolloutErr = f.ro.run(ctx, version, n)
 			st.seconds = time.Since(start).Seconds()
+			// Read at the rollout's end: what follows (verification) is
+			// not the rollout's.
+			st.capacity = FewestIn(f.lbs, names, start)
 			st.output = f.ro.lastOutput()
 			st.rolledBack = f.ro.rolledBack()
 			st.timeline = f.ro.lastTimeline()
@@ -267,8 +292,10 @@ func (fc fleetCase) steps(n int, delay time.Duration, st *fleetStep) func(contex
 	}
 }
 
-// judge says whether the scenario showed what it must.
-func (fc fleetCase) judge(pr *ProfileReport, runErr error, st *fleetStep, t infra.Timing, k, n int) FleetRow {
+// judge says whether the scenario showed what it must. required is the
+// fewest servers any node may route to during the batched rollout; the
+// broken releases' capacity is reported, not judged.
+func (fc fleetCase) judge(pr *ProfileReport, runErr error, st *fleetStep, t infra.Timing, k, n, required int) FleetRow {
 	row := FleetRow{Scenario: fc.name, Expected: fc.expected, Verdict: "FAIL"}
 	if runErr != nil {
 		row.Error = runErr.Error()
@@ -284,6 +311,7 @@ func (fc fleetCase) judge(pr *ProfileReport, runErr error, st *fleetStep, t infr
 	row.CeilSeconds = math.Ceil(float64(k)/float64(n)) * t.ServerDeployMin().Seconds()
 	row.Table = finalTable(st.output)
 	row.Timeline = st.timeline
+	row.Capacity = st.capacity
 	untouched := strings.Count(row.Table, "not started")
 	observed := fmt.Sprintf("%d 502, %d 504 in %d requests; verified %s on %s", dr.BadGateway, dr.Timeout, dr.Requests, yesNo(dr.Verified), dr.Version)
 	ok := runErr == nil && dr.ReachedNothing() == 0 && dr.Verified
@@ -294,6 +322,14 @@ func (fc fleetCase) judge(pr *ProfileReport, runErr error, st *fleetStep, t infr
 			observed += "; " + st.timeline.String()
 		}
 		ok = ok && st.rolloutErr == nil && st.rolledBack == 0 && len(dr.ServerSeconds) == k
+		row.CapacityRequired = required
+		if line := capacityLine(st.capacity); line != "" {
+			observed += fmt.Sprintf("; %s, at least %d required", line, required)
+		}
+		if short := capacityShort(st.capacity, required); short != "" {
+			observed += "; " + short
+			ok = false
+		}
 	} else {
 		failed := "succeeded"
 		if st.rolloutErr != nil {
@@ -301,12 +337,56 @@ func (fc fleetCase) judge(pr *ProfileReport, runErr error, st *fleetStep, t infr
 		}
 		observed += fmt.Sprintf("; rollout %s, %d rolled back, %d not started, %.1fs", failed, st.rolledBack, untouched, st.seconds)
 		ok = ok && st.rolloutErr != nil && st.rolledBack == 1 && untouched == k-1
+		if line := capacityLine(st.capacity); line != "" {
+			observed += "; " + line
+		}
 	}
 	row.Observed = observed
 	if ok {
 		row.Verdict = "pass"
 	}
 	return row
+}
+
+// capacityLine is the nodes' minimums in one line: the fewest servers any
+// node routed to, and each node's own fewest, when and which were out.
+func capacityLine(lows []NodeLow) string {
+	if len(lows) == 0 {
+		return ""
+	}
+	fewest := lows[0]
+	var nodes []string
+	for _, l := range lows {
+		if l.Fewest < fewest.Fewest {
+			fewest = l
+		}
+		if len(l.Out) == 0 {
+			nodes = append(nodes, fmt.Sprintf("%s %d throughout", l.Node, l.Fewest))
+			continue
+		}
+		nodes = append(nodes, fmt.Sprintf("%s %d at +%.2fs: %s out", l.Node, l.Fewest, l.AtSeconds, strings.Join(l.Out, ", ")))
+	}
+	return fmt.Sprintf("capacity: every node routed to at least %d of %d servers (%s)", fewest.Fewest, fewest.Servers, strings.Join(nodes, "; "))
+}
+
+// capacityShort names every node that routed to fewer than required
+// servers, with the instant and the servers out; empty when none did. No
+// measurement is a failure: the rule would go unchecked.
+func capacityShort(lows []NodeLow, required int) string {
+	if len(lows) == 0 {
+		return "CAPACITY NOT MEASURED: no node's log was read"
+	}
+	var short []string
+	for _, l := range lows {
+		if l.Fewest < required {
+			short = append(short, fmt.Sprintf("%s routed to %d of %d servers at %s (+%.2fs), %s out",
+				l.Node, l.Fewest, l.Servers, l.At.UTC().Format("15:04:05.000"), l.AtSeconds, strings.Join(l.Out, ", ")))
+		}
+	}
+	if len(short) == 0 {
+		return ""
+	}
+	return fmt.Sprintf("CAPACITY BELOW %d: %s", required, strings.Join(short, "; "))
 }
 
 // finalTable is the rollout's final table from its output: the lines from
