@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
+	"os/signal"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -36,6 +37,7 @@ func currentVersion(t *testing.T, s Server) string {
 // state/last-deploy and its log.
 func TestDeployOutlivesItsCaller(t *testing.T) {
 	parallel(t, 1)
+	hangupReaches(t)
 	tag := images(t)
 	next := tag + "-caller"
 	buildVersion(t, next)
@@ -73,6 +75,21 @@ func TestDeployOutlivesItsCaller(t *testing.T) {
 		assert.Equal(t, next, ask(t, id).Version, role)
 	}
 	assert.NoFileExists(t, filepath.Join(s.Root, "state", "deploying"))
+}
+
+// hangupReaches makes SIGHUP reach the deploys this test starts, as it
+// reaches one whose ssh session drops. A test run under nohup would pass on
+// SIGHUP ignored, and bash cannot trap a signal ignored when it started: the
+// deploy would never hear the hang-up the test asserts it reports. Catching
+// it here for the test's life makes the children start with the default.
+func hangupReaches(t *testing.T) {
+	t.Helper()
+	if !signal.Ignored(syscall.SIGHUP) {
+		return
+	}
+	c := make(chan os.Signal, 1)
+	signal.Notify(c, syscall.SIGHUP)
+	t.Cleanup(func() { signal.Stop(c) })
 }
 
 // hangupAfterMv returns a PATH whose mv runs the real one and then, once it
