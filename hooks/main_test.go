@@ -34,8 +34,14 @@ var (
 	extraTags   []string // every image name the tests added, removed at the end
 )
 
+// suiteServers is this suite's budget. Its tests drive Docker without
+// pause (deploys, watchdog runs, compose and docker calls one after
+// another): with three servers they kept about 75 % of a 2-core machine
+// busy, so one more server uses what was left.
+const suiteServers = dockerlock.Servers + 1
+
 func TestMain(m *testing.M) {
-	if err := dockerlock.SetParallel(); err != nil {
+	if err := dockerlock.SetParallel(suiteServers); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(2)
 	}

@@ -43,9 +43,10 @@ import (
 // cmd/rollout runs production's timing, so the servers and nodes do too:
 // scale 1, three servers, -max-unavailable 1 (a canary, then two batches).
 func TestRunnerCancelConverges(t *testing.T) {
+	const servers = 3
 	needs.Have(t, needs.Docker, needs.HAProxy, needs.SSHD, needs.Tool("yq", "apt-get install yq"))
 	require.NoError(t, CheckDocker(context.Background()), "this test needs a running Docker engine")
-	dockerlock.Hold(t)
+	dockerlock.Parallel(t, servers)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
 	defer cancel()
 	root := repoRoot(t)
@@ -144,7 +145,7 @@ func TestRunnerCancelConverges(t *testing.T) {
 	var progress bytes.Buffer
 	c := Config{
 		RepoRoot: root,
-		Servers:  3,
+		Servers:  servers,
 		Deploys:  1,
 		Rate:     200,
 		Scale:    1,

@@ -25,16 +25,17 @@ import (
 // which a crash fits between Docker's first health check and a node's
 // admission (crashAfter).
 func TestRehearsalFleet(t *testing.T) {
+	const servers = 3
 	needs.Have(t, needs.Docker, needs.HAProxy)
 	require.NoError(t, CheckDocker(context.Background()), "this test needs a running Docker engine")
-	dockerlock.Hold(t)
+	dockerlock.Parallel(t, servers)
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
 	defer cancel()
 
 	var progress bytes.Buffer
 	c := Config{
 		RepoRoot:       repoRoot(t),
-		Servers:        3,
+		Servers:        servers,
 		MaxUnavailable: "2",
 		Rate:           200,
 		Scale:          0.4,

@@ -176,16 +176,17 @@ func TestRolloutChecksItsInputs(t *testing.T) {
 // AWS SDK, asking the stand-in that answers from the balancer nodes. Two
 // servers, one deploy, under load: no 502, no 504, every server timed.
 func TestRolloutOverSSHIsProductionsPath(t *testing.T) {
+	const servers = 2
 	needs.Have(t, needs.Docker, needs.HAProxy, needs.SSHD)
 	require.NoError(t, CheckDocker(context.Background()), "this test needs a running Docker engine")
-	dockerlock.Hold(t)
+	dockerlock.Parallel(t, servers)
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
 	defer cancel()
 
 	var progress bytes.Buffer
 	c := Config{
 		RepoRoot: repoRoot(t),
-		Servers:  2,
+		Servers:  servers,
 		Deploys:  1,
 		Rate:     200,
 		Scale:    0.2,

@@ -48,8 +48,14 @@ var (
 	extraTags []string
 )
 
+// suiteServers is this suite's budget: the kill points' chains and the
+// renames' server, side by side. A deploy killed and a watchdog run wait on
+// drains and health checks far more than they compute: with three servers
+// the suite kept about 65 % of a 2-core machine busy.
+const suiteServers = 2*killChains + 1
+
 func TestMain(m *testing.M) {
-	if err := dockerlock.SetParallel(); err != nil {
+	if err := dockerlock.SetParallel(suiteServers); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(2)
 	}
@@ -97,18 +103,23 @@ func images(t *testing.T) string {
 	return tag
 }
 
-// buildVersion builds every role's image with version built in: /about
-// reports the version of the binary, not of the tag.
-func buildVersion(t *testing.T, version string) {
-	t.Helper()
+// buildImages builds every role's image with version built in (/about
+// reports the version of the binary, not of the tag) and has TestMain
+// remove them.
+func buildImages(version string) error {
 	root, err := filepath.Abs("../..")
-	require.NoError(t, err)
-	require.NoError(t, hooks.BuildImages(context.Background(), root, version), "build images %s", version)
+	if err != nil {
+		return err
+	}
+	if err := hooks.BuildImages(context.Background(), root, version); err != nil {
+		return fmt.Errorf("build images %s: %w", version, err)
+	}
 	tagsMu.Lock()
 	defer tagsMu.Unlock()
 	for _, role := range hooks.Roles {
 		extraTags = append(extraTags, hooks.ImageName(hooks.DefaultImagePrefix, role, version))
 	}
+	return nil
 }
 
 func newServer(t *testing.T) hooks.Server {
@@ -408,23 +419,43 @@ kill -"$KILL_SIG" "$PPID"
 // release leaves. SIGTERM never needs the watchdog: the deploy stops
 // before changing anything, or finishes, and says which.
 func TestDeployKilledAtEachStep(t *testing.T) {
-	// Each signal's server holds one of the suite's servers.
+	// Each chain's server holds one of the suite's servers.
 	t.Parallel()
 	tag := images(t)
 	for _, sig := range []syscall.Signal{syscall.SIGKILL, syscall.SIGTERM} {
-		// One server per signal, the two side by side: each case waits on
-		// drains and health checks far more than it computes.
-		t.Run(sig.String(), func(t *testing.T) {
-			dockerlock.Parallel(t, 1)
-			killAtEachStep(t, tag, sig)
+		a, b := fmt.Sprintf("%s-%da", tag, sig), fmt.Sprintf("%s-%db", tag, sig)
+		// The signal's two versions, built once for its chains.
+		build := sync.OnceValue(func() error {
+			return errors.Join(buildImages(a), buildImages(b))
 		})
+		// Each signal's kill points run as killChains chains, each on a
+		// server of its own, side by side: a case waits on drains and
+		// health checks far more than it computes.
+		for chain := range killChains {
+			t.Run(fmt.Sprintf("%s/%d", sig, chain+1), func(t *testing.T) {
+				dockerlock.Parallel(t, 1)
+				require.NoError(t, build())
+				killAtEachStep(t, a, b, sig, chainPoints(chain))
+			})
+		}
 	}
 }
 
-func killAtEachStep(t *testing.T, tag string, sig syscall.Signal) {
-	a, b := fmt.Sprintf("%s-%da", tag, sig), fmt.Sprintf("%s-%db", tag, sig)
-	buildVersion(t, a)
-	buildVersion(t, b)
+// killChains is how many chains a signal's kill points are dealt into.
+const killChains = 2
+
+// chainPoints deals the kill points round the chains: each chain gets early
+// steps, which end fast (nothing changed yet), and late ones, which need the
+// watchdog, so the chains take about as long.
+func chainPoints(chain int) []killPoint {
+	var points []killPoint
+	for i := chain; i < len(killPoints); i += killChains {
+		points = append(points, killPoints[i])
+	}
+	return points
+}
+
+func killAtEachStep(t *testing.T, a, b string, sig syscall.Signal, points []killPoint) {
 	s := newServer(t)
 	deploy(t, s, b)
 	clean := map[string]serverState{b: stateOf(t, s)}
@@ -432,7 +463,7 @@ func killAtEachStep(t *testing.T, tag string, sig syscall.Signal) {
 	clean[a] = stateOf(t, s)
 	require.NotEqual(t, clean[a].Hashes, clean[b].Hashes)
 
-	for _, p := range killPoints {
+	for _, p := range points {
 		t.Run(p.name, func(t *testing.T) {
 			from := currentVersion(t, s)
 			to := map[string]string{a: b, b: a}[from]

@@ -111,20 +111,33 @@ func take(ctx context.Context, logf func(format string, args ...any)) error {
 }
 
 // Servers is how many simulated servers (a compose project of four
-// containers each) a suite runs at once. Docker runs every container's
-// health check by exec, about 50 ms of CPU each on this 2-core machine
-// kind, several times a second at the tests' timeline: twelve containers
-// (the rehearsal's three servers) are what two cores keep up with while
-// the suite's own work runs beside them. The lock above keeps every other
-// suite out meanwhile, so this budget is the machine's.
+// containers each) a suite runs at once unless it says otherwise
+// (SetParallel). Docker runs every container's health check by exec, about
+// 50 ms of CPU each on this 2-core machine kind, once a second: three
+// servers' checks take 0.6 of a core before a suite does anything. A suite
+// whose tests mostly wait sets a larger budget, with its measured reason.
+// The lock above keeps every other suite out meanwhile, so a suite's budget
+// is the machine's.
 const Servers = 3
 
-// SetParallel lets as many of the suite's tests run at once as the
-// budget needs: go test runs at most -test.parallel of them, by default one
-// per CPU, which on this 2-core machine kind would hold two servers of the
-// three. A test waiting for servers also counts, hence twice the budget.
-// An explicit -test.parallel is kept. Call it from TestMain, before m.Run.
-func SetParallel() error {
+// MaxServers bounds any suite's budget: twenty containers' health checks
+// alone take about a core.
+const MaxServers = 5
+
+// servers is this suite's budget, set by SetParallel.
+var servers = Servers
+
+// SetParallel sets the suite's budget to n servers and lets as many of its
+// tests run at once as that budget needs: go test runs at most
+// -test.parallel of them, by default one per CPU, which on this 2-core
+// machine kind would hold two servers of three. A test waiting for servers
+// also counts, hence twice the budget. An explicit -test.parallel is kept.
+// Call it from TestMain, before m.Run.
+func SetParallel(n int) error {
+	if n < 1 || n > MaxServers {
+		return fmt.Errorf("dockerlock.SetParallel: a budget of %d servers; a suite may run 1 to %d", n, MaxServers)
+	}
+	servers = n
 	if !flag.Parsed() {
 		flag.Parse()
 	}
@@ -133,7 +146,7 @@ func SetParallel() error {
 	if explicit {
 		return nil
 	}
-	if err := flag.Set("test.parallel", strconv.Itoa(2*Servers)); err != nil {
+	if err := flag.Set("test.parallel", strconv.Itoa(2*n)); err != nil {
 		return fmt.Errorf("set -test.parallel: %w", err)
 	}
 	return nil
@@ -149,20 +162,20 @@ var budget = struct {
 func init() { budget.cond = sync.NewCond(&budget.Mutex) }
 
 // Parallel lets t run beside the suite's other Docker tests (t.Parallel)
-// and holds n of the suite's Servers until t ends, waiting until that many
+// and holds n of the suite's servers (its budget) until t ends, waiting until that many
 // are free. A test asks for every server it will have running at once, and
 // holds them for its whole life: taking them in two steps could deadlock
 // two tests that each hold a part. A test whose subtests take servers holds
 // none itself.
 func Parallel(t *testing.T, n int) {
 	t.Helper()
-	if n < 1 || n > Servers {
-		t.Fatalf("dockerlock.Parallel: %d servers; a test may hold 1 to %d", n, Servers)
+	if n < 1 || n > servers {
+		t.Fatalf("dockerlock.Parallel: %d servers; a test may hold 1 to %d", n, servers)
 	}
 	Hold(t)
 	t.Parallel()
 	budget.Lock()
-	for budget.used+n > Servers {
+	for budget.used+n > servers {
 		budget.waiting++
 		budget.cond.Wait()
 		budget.waiting--

@@ -216,7 +216,7 @@ func TestParallelKeepsToTheBudget(t *testing.T) {
 }
 
 func TestMain(m *testing.M) {
-	if err := SetParallel(); err != nil {
+	if err := SetParallel(Servers); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(2)
 	}
@@ -232,4 +232,15 @@ func TestSetParallelFillsTheBudget(t *testing.T) {
 		want = n
 	}
 	assert.Equal(t, want, flag.Lookup("test.parallel").Value.String())
+}
+
+// A budget outside 1 to MaxServers is refused, and changes nothing.
+func TestSetParallelRefusesABudgetOutOfBounds(t *testing.T) {
+	parallel := flag.Lookup("test.parallel").Value.String()
+	for _, n := range []int{0, -1, MaxServers + 1} {
+		err := SetParallel(n)
+		assert.ErrorContains(t, err, fmt.Sprintf("a budget of %d servers; a suite may run 1 to %d", n, MaxServers))
+	}
+	assert.Equal(t, Servers, servers, "the budget is unchanged")
+	assert.Equal(t, parallel, flag.Lookup("test.parallel").Value.String(), "-test.parallel is unchanged")
 }
