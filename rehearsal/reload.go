@@ -200,8 +200,36 @@ func (b *Balancer) procs(ctx context.Context) (masterProcs, error) {
 }
 
 // cli sends one command to the node's master CLI and returns the answer; a
-// command prefixed "@1 " goes to the current worker.
+// command prefixed "@1 " goes to the current worker. Every command sent is
+// a question (show …), so it is asked again when the master was not there
+// to answer: HAProxy's master re-executes itself once it has started its
+// worker, and again at each reload. A connection it accepted just before
+// is reset or closed unanswered, and one made meanwhile is refused; a node
+// busy enough re-executes after it first accepted a connection.
 func (b *Balancer) cli(ctx context.Context, command string) (string, error) {
+	for {
+		out, err := b.ask(ctx, command)
+		if err == nil && out != "" {
+			return out, nil
+		}
+		if err != nil && !errors.Is(err, syscall.ECONNRESET) && !errors.Is(err, syscall.ECONNREFUSED) {
+			return "", err
+		}
+		if err == nil {
+			err = fmt.Errorf("master CLI %q: closed without an answer", command)
+		}
+		select {
+		case <-b.done:
+			return "", fmt.Errorf("%w; the node exited (%v): %s", err, b.err, b.logs.String())
+		case <-ctx.Done():
+			return "", fmt.Errorf("%w; then %w", err, ctx.Err())
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+// ask sends command to the master CLI once.
+func (b *Balancer) ask(ctx context.Context, command string) (string, error) {
 	var d net.Dialer
 	conn, err := d.DialContext(ctx, "tcp", b.master)
 	if err != nil {

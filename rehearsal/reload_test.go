@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"strconv"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -256,4 +257,57 @@ func TestParseServersState(t *testing.T) {
 		_, err := parseServersState(bad)
 		assert.Error(t, err, name)
 	}
+}
+
+// The master CLI asked while HAProxy's master re-executes itself: the first
+// connection is reset (accepted by the master that then re-executed), the
+// second closed unanswered, the third answered. cli asks until it gets the
+// answer; a fidelity run failed on the reset ("read: connection reset by
+// peer") when the node, busy, re-executed after accepting the question.
+func TestCLIAsksAgainWhileTheMasterReexecutes(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = l.Close() })
+	const answer = "#<PID> <type> <reloads> <uptime> <version>\n1 master 0 [failed: 0] 0d00h00m01s 2.6.12\n"
+	var asked []string
+	var mu sync.Mutex
+	go func() {
+		for n := 0; ; n++ {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			buf := make([]byte, 64)
+			k, _ := c.Read(buf)
+			mu.Lock()
+			asked = append(asked, string(buf[:k]))
+			mu.Unlock()
+			switch n {
+			case 0: // reset: the master re-executed under it
+				_ = c.(*net.TCPConn).SetLinger(0)
+			case 1: // closed without a word
+			default:
+				_, _ = c.Write([]byte(answer))
+			}
+			_ = c.Close()
+		}
+	}()
+	b := &Balancer{master: l.Addr().String(), done: make(chan struct{})}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	out, err := b.cli(ctx, "show proc")
+	require.NoError(t, err)
+	assert.Equal(t, answer, out)
+	mu.Lock()
+	defer mu.Unlock()
+	assert.Equal(t, []string{"show proc\n", "show proc\n", "show proc\n"}, asked, "asked three times, the same question")
+
+	// A master that never answers ends with the context, saying why.
+	silent := &Balancer{master: "127.0.0.1:1", done: make(chan struct{})}
+	short, cancelShort := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancelShort()
+	_, err = silent.cli(short, "show proc")
+	require.Error(t, err)
+	assert.ErrorIs(t, err, syscall.ECONNREFUSED)
+	assert.ErrorIs(t, err, context.DeadlineExceeded)
 }
