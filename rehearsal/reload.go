@@ -212,7 +212,7 @@ func (b *Balancer) cli(ctx context.Context, command string) (string, error) {
 		if err == nil && out != "" {
 			return out, nil
 		}
-		if err != nil && !errors.Is(err, syscall.ECONNRESET) && !errors.Is(err, syscall.ECONNREFUSED) {
+		if err != nil && !masterAway(err) {
 			return "", err
 		}
 		if err == nil {
@@ -226,6 +226,18 @@ func (b *Balancer) cli(ctx context.Context, command string) (string, error) {
 		case <-time.After(50 * time.Millisecond):
 		}
 	}
+}
+
+// masterAway says err is the master re-executing: the connection refused,
+// or reset at any step of the exchange (while the question is written, at
+// its end, or while the answer is read).
+func masterAway(err error) bool {
+	for _, e := range []syscall.Errno{syscall.ECONNREFUSED, syscall.ECONNRESET, syscall.EPIPE, syscall.ENOTCONN} {
+		if errors.Is(err, e) {
+			return true
+		}
+	}
+	return false
 }
 
 // ask sends command to the master CLI once.
