@@ -51,11 +51,7 @@ func MostOut(lbs []*Balancer, names map[string]string, since time.Time) OutAtOnc
 		var out []string
 		for host, nodes := range outOn {
 			if len(nodes) > 0 {
-				name := names[host]
-				if name == "" {
-					name = host
-				}
-				out = append(out, name)
+				out = append(out, serverName(names, host))
 			}
 		}
 		if len(out) > most.Most {
@@ -90,12 +86,6 @@ type NodeLow struct {
 // does not name counts as a server, named by its address. Every upstream
 // starts in service, as a node's tracker does.
 func FewestIn(lbs []*Balancer, names map[string]string, since time.Time) []NodeLow {
-	name := func(host string) string {
-		if n := names[host]; n != "" {
-			return n
-		}
-		return host
-	}
 	lows := make([]NodeLow, 0, len(lbs))
 	for _, b := range lbs {
 		moves := b.Health.Moves()
@@ -113,7 +103,7 @@ func FewestIn(lbs []*Balancer, names map[string]string, since time.Time) []NodeL
 				low.Fewest, low.At, low.AtSeconds = in, at, at.Sub(since).Seconds()
 				low.Out = nil
 				for host := range out {
-					low.Out = append(low.Out, name(host))
+					low.Out = append(low.Out, serverName(names, host))
 				}
 				slices.Sort(low.Out)
 			}
@@ -139,4 +129,13 @@ func FewestIn(lbs []*Balancer, names map[string]string, since time.Time) []NodeL
 		lows = append(lows, low)
 	}
 	return lows
+}
+
+// serverName is the server an upstream's address belongs to, or the
+// address when names does not say.
+func serverName(names map[string]string, host string) string {
+	if n := names[host]; n != "" {
+		return n
+	}
+	return host
 }

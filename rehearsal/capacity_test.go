@@ -7,16 +7,36 @@ import (
 	"github.com/stretchr/testify/assert"
 )
 
-func TestMostOut(t *testing.T) {
-	t0 := time.Date(2026, 12, 7, 0, 0, 0, 0, time.UTC)
-	at := func(s int) time.Time { return t0.Add(time.Duration(s) * time.Second) }
-	names := map[string]string{"a:1": "s1", "b:1": "s2", "c:1": "s3"}
-	type nodeMove struct {
-		node int
-		Move
+// The capacity tests' fixture: two nodes before three servers, and moves
+// given as seconds after t0.
+var (
+	t0    = time.Date(2026, 12, 7, 0, 0, 0, 0, time.UTC)
+	names = map[string]string{"a:1": "s1", "b:1": "s2", "c:1": "s3"}
+)
+
+func at(s int) time.Time { return t0.Add(time.Duration(s) * time.Second) }
+
+// nodeMove is a move on one node (0 or 1).
+type nodeMove struct {
+	node int
+	Move
+}
+
+func out(node, s int, host string) nodeMove { return nodeMove{node, Move{At: at(s), Host: host}} }
+func in(node, s int, host string) nodeMove {
+	return nodeMove{node, Move{At: at(s), Host: host, In: true}}
+}
+
+// nodesWith returns nodes lb1 and lb2 whose logs hold moves.
+func nodesWith(moves []nodeMove) []*Balancer {
+	lbs := []*Balancer{{Name: "lb1", Health: NewHealthTracker(nil)}, {Name: "lb2", Health: NewHealthTracker(nil)}}
+	for _, m := range moves {
+		lbs[m.node].Health.moves = append(lbs[m.node].Health.moves, m.Move)
 	}
-	out := func(node, s int, host string) nodeMove { return nodeMove{node, Move{At: at(s), Host: host}} }
-	in := func(node, s int, host string) nodeMove { return nodeMove{node, Move{At: at(s), Host: host, In: true}} }
+	return lbs
+}
+
+func TestMostOut(t *testing.T) {
 	tests := []struct {
 		name  string
 		moves []nodeMove
@@ -44,11 +64,7 @@ func TestMostOut(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			lbs := []*Balancer{{Health: NewHealthTracker(nil)}, {Health: NewHealthTracker(nil)}}
-			for _, m := range tt.moves {
-				lbs[m.node].Health.moves = append(lbs[m.node].Health.moves, m.Move)
-			}
-			assert.Equal(t, tt.want, MostOut(lbs, names, at(tt.since)))
+			assert.Equal(t, tt.want, MostOut(nodesWith(tt.moves), names, at(tt.since)))
 		})
 	}
 }
@@ -69,15 +85,6 @@ func TestHealthTrackerRecordsEachMove(t *testing.T) {
 }
 
 func TestFewestIn(t *testing.T) {
-	t0 := time.Date(2026, 12, 7, 0, 0, 0, 0, time.UTC)
-	at := func(s int) time.Time { return t0.Add(time.Duration(s) * time.Second) }
-	names := map[string]string{"a:1": "s1", "b:1": "s2", "c:1": "s3"}
-	type nodeMove struct {
-		node int
-		Move
-	}
-	out := func(node, s int, host string) nodeMove { return nodeMove{node, Move{At: at(s), Host: host}} }
-	in := func(node, s int, host string) nodeMove { return nodeMove{node, Move{At: at(s), Host: host, In: true}} }
 	// low is a node's expected minimum, its instant `s` seconds after t0.
 	low := func(node string, fewest, of, s, since int, out ...string) NodeLow {
 		return NodeLow{Node: node, Fewest: fewest, Servers: of, At: at(s), AtSeconds: float64(s - since), Out: out}
@@ -109,11 +116,7 @@ func TestFewestIn(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			lbs := []*Balancer{{Name: "lb1", Health: NewHealthTracker(nil)}, {Name: "lb2", Health: NewHealthTracker(nil)}}
-			for _, m := range tt.moves {
-				lbs[m.node].Health.moves = append(lbs[m.node].Health.moves, m.Move)
-			}
-			assert.Equal(t, tt.want, FewestIn(lbs, names, at(tt.since)))
+			assert.Equal(t, tt.want, FewestIn(nodesWith(tt.moves), names, at(tt.since)))
 		})
 	}
 }

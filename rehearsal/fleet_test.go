@@ -63,10 +63,12 @@ func TestRehearsalFleet(t *testing.T) {
 	// Capacity, node by node from its own log: with K = 3 and N = 2 every
 	// node must keep routing to at least K − N = 1 server.
 	require.NotEmpty(t, r.Rows[0].Capacity, "every node's capacity measured")
+	n, err := c.fleetN()
+	require.NoError(t, err)
 	for _, l := range r.Rows[0].Capacity {
 		t.Logf("%s: fewest servers in service %d of %d, at +%.2fs into the rollout, out: %v", l.Node, l.Fewest, l.Servers, l.AtSeconds, l.Out)
 		assert.Equal(t, c.Servers, l.Servers, "%s counts every server", l.Node)
-		assert.GreaterOrEqual(t, l.Fewest, capacityFloor(c.Servers, 2), "%s routed to %d of %d servers at +%.2fs: %v out", l.Node, l.Fewest, l.Servers, l.AtSeconds, l.Out)
+		assert.GreaterOrEqual(t, l.Fewest, capacityFloor(c.Servers, n), "%s routed to %d of %d servers at +%.2fs: %v out", l.Node, l.Fewest, l.Servers, l.AtSeconds, l.Out)
 	}
 	logs, err := filepath.Glob(filepath.Join(c.RepoRoot, "hooks", "remote-deploy.*.log"))
 	require.NoError(t, err)

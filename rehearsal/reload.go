@@ -162,8 +162,8 @@ func writeAtomic(file, data string) error {
 // reload the master refused counts as failed in its report.
 func (b *Balancer) awaitWorker(ctx context.Context, before masterProcs) error {
 	for {
-		// The master re-executes itself first: its CLI refuses connections
-		// for that moment.
+		// The master answers once it is back from re-executing (cli asks
+		// again meanwhile); the new worker may come after.
 		now, err := b.procs(ctx)
 		if err == nil {
 			if now.Failed > before.Failed {
