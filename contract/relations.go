@@ -41,7 +41,20 @@ func Line(r Relation, t infra.Timing) string {
 
 // LimitRules are the rules that bound single fields (positive, whole seconds,
 // AWS's ranges) rather than relate them; they have no margin.
-var LimitRules = []infra.Rule{infra.RulePositive, infra.RuleWholeSeconds, infra.RuleAWSRange}
+var LimitRules = []infra.Rule{infra.RulePositive, infra.RuleWholeSeconds, infra.RuleAWSRange, infra.RuleSlots, infra.RuleSlotsAgree}
+
+// CountRules are the invariants between counts rather than durations; they
+// have no margin, and each says its two sides in one line (CountLine).
+var CountRules = []infra.Rule{infra.RuleSlotsRegistered}
+
+// CountLine is a count rule's two sides, e.g. "RegisteredSlots 1 vs Slots
+// 1 (needs ≥)"; "" for any other rule.
+func CountLine(r infra.Rule, t infra.Timing) string {
+	if r == infra.RuleSlotsRegistered {
+		return fmt.Sprintf("RegisteredSlots %d vs Slots %d (needs ≥)", t.RegisteredSlots, t.Slots)
+	}
+	return ""
+}
 
 // broken returns the messages of every violation of rule r in vs.
 func broken(vs []infra.Violation, r infra.Rule) []string {

@@ -15,8 +15,16 @@ import (
 
 // mutants returns Prod() with each field moved, one at a time, across every
 // whole second within 90 s of its value (and each count by up to three),
-// so every relation's boundary (margin equal to need) is crossed.
+// so every relation's boundary (margin equal to need) is crossed; then the
+// same of Prod() in the slots design, where the relations of that design
+// bind.
 func mutants() []infra.Timing {
+	slots := infra.Prod()
+	slots.Slots, slots.RegisteredSlots = 2, 2
+	return append(mutantsOf(infra.Prod()), mutantsOf(slots)...)
+}
+
+func mutantsOf(base infra.Timing) []infra.Timing {
 	var out []infra.Timing
 	typ := reflect.TypeOf(infra.Timing{})
 	for i := 0; i < typ.NumField(); i++ {
@@ -29,7 +37,7 @@ func mutants() []infra.Timing {
 			if d == 0 {
 				continue
 			}
-			t := infra.Prod()
+			t := base
 			f := reflect.ValueOf(&t).Elem().Field(i)
 			f.SetInt(f.Int() + d*step)
 			out = append(out, t)
@@ -47,8 +55,11 @@ func TestEveryRuleIsShown(t *testing.T) {
 	for _, r := range contract.LimitRules {
 		seen[r]++
 	}
+	for _, r := range contract.CountRules {
+		seen[r]++
+	}
 	for _, r := range src.Rules {
-		assert.Equalf(t, 1, seen[r], "rule %s of package infra must be in exactly one of contract.Relations and contract.LimitRules", r)
+		assert.Equalf(t, 1, seen[r], "rule %s of package infra must be in exactly one of contract.Relations, contract.LimitRules and contract.CountRules", r)
 	}
 	declared := map[infra.Rule]bool{}
 	for _, r := range src.Rules {
@@ -87,7 +98,7 @@ func TestRelationsAgreeWithViolations(t *testing.T) {
 			} else {
 				s.holds++
 			}
-			if r.Margin(tm) == r.NeedValue(tm) {
+			if r.Binds(tm) && r.Margin(tm) == r.NeedValue(tm) {
 				s.boundary++
 			}
 		}

@@ -42,6 +42,9 @@ type RuleStatus struct {
 	Relation *Relation
 	// Broken holds the messages of every violation of the rule; empty when it holds.
 	Broken []string
+	// Idle marks a relation of another design than t's (Relation.Applies):
+	// it holds whatever its margin.
+	Idle bool
 }
 
 // Statuses returns every rule declared in src, in order, with what
@@ -54,6 +57,7 @@ func Statuses(t infra.Timing, src *Source) []RuleStatus {
 		for i := range Relations {
 			if Relations[i].Rule == r {
 				st.Relation = &Relations[i]
+				st.Idle = !Relations[i].Binds(t)
 			}
 		}
 		out = append(out, st)
@@ -62,8 +66,11 @@ func Statuses(t infra.Timing, src *Source) []RuleStatus {
 }
 
 func (s RuleStatus) word() string {
-	if len(s.Broken) > 0 {
+	switch {
+	case len(s.Broken) > 0:
 		return "BROKEN"
+	case s.Idle:
+		return "idle"
 	}
 	return "holds"
 }
@@ -145,9 +152,12 @@ func WriteText(w io.Writer, t infra.Timing, src *Source, f Fleet) error {
 		if isLimit(s.Rule) {
 			continue
 		}
-		line := "no margin defined for this rule"
+		line := CountLine(s.Rule, t)
 		if s.Relation != nil {
 			line = Line(*s.Relation, t)
+			if s.Idle {
+				line += "; binds with " + s.Relation.AppliesWhen
+			}
 		}
 		p("  %-6s  %-32s %s\n", s.word(), s.Rule, line)
 		for _, msg := range s.Broken {
@@ -255,7 +265,7 @@ func WriteMarkdown(w io.Writer, t infra.Timing, src *Source, f Fleet) error {
 			continue
 		}
 		if s.Relation == nil {
-			p("| `%s` | no margin defined | | | %s |\n", s.Rule, s.word())
+			p("| `%s` | %s | | | %s |\n", s.Rule, CountLine(s.Rule, t), s.word())
 			continue
 		}
 		r := s.Relation
@@ -326,6 +336,9 @@ func sideText(field string) string {
 }
 
 func statusCell(s RuleStatus) string {
+	if len(s.Broken) == 0 && s.Idle {
+		return "binds with " + s.Relation.AppliesWhen
+	}
 	if len(s.Broken) == 0 {
 		return "holds"
 	}

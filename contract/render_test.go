@@ -54,11 +54,31 @@ func TestWriteTextShowsEveryValueReasonAndMargin(t *testing.T) {
 		assert.Regexp(t, `(?m)^  `+name+` +\S+ `, out)
 	}
 	for _, r := range contract.Relations {
+		if !r.Binds(tm) {
+			assert.Regexp(t, `(?m)^  idle +`+string(r.Rule)+` +`+regexp.QuoteMeta(contract.Line(r, tm)+"; binds with "+r.AppliesWhen)+`$`, out)
+			continue
+		}
 		assert.Regexp(t, `(?m)^  holds +`+string(r.Rule)+` +`+regexp.QuoteMeta(contract.Line(r, tm))+`$`, out)
 	}
+	assert.Regexp(t, `(?m)^  holds +slots-registered +RegisteredSlots 1 vs Slots 1 \(needs ≥\)$`, out)
 	assert.Contains(t, out, "GET "+infra.HealthPath+", healthy = "+strconv.Itoa(infra.HealthyStatus))
 	assert.Contains(t, out, "Valid: every rule holds.")
 	assert.NotContains(t, out, "BROKEN")
+}
+
+// TestWriteTextShowsTheSlotsDesign: a timing of two slots binds the
+// handover relation, and shows it broken when it is.
+func TestWriteTextShowsTheSlotsDesign(t *testing.T) {
+	tm := infra.Prod()
+	tm.Slots, tm.RegisteredSlots = 2, 2
+	assert.Regexp(t, `(?m)^  holds +handover-keeps-capacity +HandoverRemoval 15s vs AdmissionMax 13s: margin 2s \(needs ≥ NodeSkew 1s\)$`, text(t, tm))
+	tm.HealthCheckTimeout, tm.NodeSkew, tm.DrainQuiet, tm.Drain = 4*time.Second, 1500*time.Millisecond, 1500*time.Millisecond, 16*time.Second
+	out := text(t, tm)
+	assert.Regexp(t, `(?m)^  BROKEN +handover-keeps-capacity +HandoverRemoval 15s vs AdmissionMax 14s: margin 1s \(needs ≥ NodeSkew 1.5s\)$`, out)
+	assert.Contains(t, out, "INVALID: 1 rule(s) broken")
+	mixed := infra.Prod()
+	mixed.Slots = 2
+	assert.Regexp(t, `(?m)^  BROKEN +slots-registered +RegisteredSlots 1 vs Slots 2 \(needs ≥\)$`, text(t, mixed), "a count rule with its sides")
 }
 
 func TestWriteTextShowsBrokenRules(t *testing.T) {

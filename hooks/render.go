@@ -97,6 +97,12 @@ func checkRenderable(t infra.Timing, breaks []infra.Rule) error {
 			errs = append(errs, fmt.Errorf("%s %v must be whole milliseconds: the scripts count in milliseconds", d.name, d.v))
 		}
 	}
+	// The scripts run one slot: a release of two would promise a handover
+	// they never make (docs/capacity.md says what the slots design asks of
+	// them).
+	if t.Slots != 1 {
+		errs = append(errs, fmt.Errorf("the hooks run one slot a server, and Slots is %d: the slots design (docs/capacity.md) is not built into them", t.Slots))
+	}
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("timing cannot be rendered for the hooks: %w", err)
 	}

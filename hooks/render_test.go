@@ -174,6 +174,8 @@ func TestRenderRefusesUnusableTiming(t *testing.T) {
 	tooShortGrace.StopGracePeriod = 20 * time.Second
 	subMillisecond := infra.Prod().Scaled(0.2)
 	subMillisecond.LockWait += time.Microsecond
+	twoSlots := infra.Prod()
+	twoSlots.Slots, twoSlots.RegisteredSlots = 2, 2
 	renderers := map[string]func(infra.Timing) ([]byte, error){
 		"compose": RenderCompose, "timing.env": RenderTimingEnv, "timer": RenderTimer,
 	}
@@ -186,6 +188,7 @@ func TestRenderRefusesUnusableTiming(t *testing.T) {
 		{"grace not whole seconds", fractionalGrace, []string{"compose"}, []string{"StopGracePeriod 40.5s must be whole seconds"}},
 		{"drain does not fit the grace period", tooShortGrace, []string{"compose", "timing.env", "timer"}, []string{"drain-fits-grace", "StopGracePeriod 20s"}},
 		{"finer than a millisecond", subMillisecond, []string{"compose", "timing.env", "timer"}, []string{"LockWait 36.000001s must be whole milliseconds"}},
+		{"two slots", twoSlots, []string{"compose", "timing.env", "timer"}, []string{"the hooks run one slot a server, and Slots is 2: the slots design (docs/capacity.md) is not built into them"}},
 	}
 	for _, tt := range tests {
 		for rname, render := range renderers {

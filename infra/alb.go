@@ -82,6 +82,17 @@ func TimingInputs() []TimingInput {
 	}
 }
 
+// Per slot, in the order StackConfig.Ports gives them: the suffix of its
+// rules' and attachments' names, what an error calls it, and its rules'
+// descriptions. The first slot's are today's, so a change of design only
+// adds resources.
+var (
+	slotSuffix  = [MaxSlots]string{"app", "slot"}
+	slotWhat    = [MaxSlots]string{"the app port", "the second slot's port"}
+	slotNote    = [MaxSlots]string{"", " (second slot)"}
+	slotIngress = [MaxSlots]string{"the app port, from the ALB only", "the second slot's port, from the ALB only"}
+)
+
 // LoadBalancerArgs is everything a load balancer is built from.
 type LoadBalancerArgs struct {
 	Timing Timing
@@ -121,7 +132,11 @@ type LoadBalancer struct {
 // run it.
 func Build(ctx *pulumi.Context, t Timing) (*LoadBalancer, error) {
 	stack, stackErr := ParseStackConfig(ctx.GetConfig)
-	if err := errors.Join(t.Validate(), stackErr); err != nil {
+	var slotsErr error
+	if stackErr == nil {
+		slotsErr = CheckSlots(t, stack)
+	}
+	if err := errors.Join(t.Validate(), stackErr, slotsErr); err != nil {
 		return nil, err
 	}
 	return NewLoadBalancer(ctx, ComponentName, &LoadBalancerArgs{Timing: t, Stack: stack})
@@ -144,7 +159,7 @@ func NewLoadBalancer(ctx *pulumi.Context, name string, args *LoadBalancerArgs, o
 	if args == nil {
 		return nil, errors.New("load balancer " + name + ": args are required")
 	}
-	if err := errors.Join(args.Timing.Validate(), args.Stack.Validate()); err != nil {
+	if err := errors.Join(args.Timing.Validate(), args.Stack.Validate(), CheckSlots(args.Timing, args.Stack)); err != nil {
 		return nil, fmt.Errorf("load balancer %s: %w", name, err)
 	}
 	t, s := args.Timing, args.Stack
@@ -210,28 +225,33 @@ func NewLoadBalancer(ctx *pulumi.Context, name string, args *LoadBalancerArgs, o
 			return nil, fmt.Errorf("create ALB ingress rule %s: %w", in.suffix, err)
 		}
 	}
-	// Traffic and health checks both go to the app port ("traffic-port").
-	if _, err := vpc.NewSecurityGroupEgressRule(ctx, name+"-alb-out-app", &vpc.SecurityGroupEgressRuleArgs{
-		SecurityGroupId:           c.ALBSecurityGroup.ID(),
-		Description:               pulumi.String("requests and health checks to the servers"),
-		IpProtocol:                pulumi.String(protocolTCP),
-		FromPort:                  pulumi.Int(s.AppPort),
-		ToPort:                    pulumi.Int(s.AppPort),
-		ReferencedSecurityGroupId: c.ServerSecurityGroup.ID(),
-		Tags:                      tags,
-	}, child, protected); err != nil {
-		return nil, fmt.Errorf("create ALB egress rule: %w", err)
-	}
-	if _, err := vpc.NewSecurityGroupIngressRule(ctx, name+"-servers-in-app", &vpc.SecurityGroupIngressRuleArgs{
-		SecurityGroupId:           c.ServerSecurityGroup.ID(),
-		Description:               pulumi.String("the app port, from the ALB only"),
-		IpProtocol:                pulumi.String(protocolTCP),
-		FromPort:                  pulumi.Int(s.AppPort),
-		ToPort:                    pulumi.Int(s.AppPort),
-		ReferencedSecurityGroupId: c.ALBSecurityGroup.ID(),
-		Tags:                      tags,
-	}, child, protected); err != nil {
-		return nil, fmt.Errorf("create servers ingress rule: %w", err)
+	// Traffic and health checks both go to each slot's port ("traffic-port"):
+	// the app port, and in the slots design the second slot's. Today's rules
+	// keep their names, so a change of design only adds.
+	for i, port := range s.Ports(t) {
+		suffix, what := slotSuffix[i], slotWhat[i]
+		if _, err := vpc.NewSecurityGroupEgressRule(ctx, name+"-alb-out-"+suffix, &vpc.SecurityGroupEgressRuleArgs{
+			SecurityGroupId:           c.ALBSecurityGroup.ID(),
+			Description:               pulumi.String("requests and health checks to the servers" + slotNote[i]),
+			IpProtocol:                pulumi.String(protocolTCP),
+			FromPort:                  pulumi.Int(port),
+			ToPort:                    pulumi.Int(port),
+			ReferencedSecurityGroupId: c.ServerSecurityGroup.ID(),
+			Tags:                      tags,
+		}, child, protected); err != nil {
+			return nil, fmt.Errorf("create ALB egress rule to %s: %w", what, err)
+		}
+		if _, err := vpc.NewSecurityGroupIngressRule(ctx, name+"-servers-in-"+suffix, &vpc.SecurityGroupIngressRuleArgs{
+			SecurityGroupId:           c.ServerSecurityGroup.ID(),
+			Description:               pulumi.String(slotIngress[i]),
+			IpProtocol:                pulumi.String(protocolTCP),
+			FromPort:                  pulumi.Int(port),
+			ToPort:                    pulumi.Int(port),
+			ReferencedSecurityGroupId: c.ALBSecurityGroup.ID(),
+			Tags:                      tags,
+		}, child, protected); err != nil {
+			return nil, fmt.Errorf("create servers ingress rule for %s: %w", what, err)
+		}
 	}
 	// The servers reach out over HTTPS only: the SSM endpoints that carry the
 	// deploy's ssh (Session Manager), and the image registry for docker pull.
@@ -368,15 +388,23 @@ func NewLoadBalancer(ctx *pulumi.Context, name string, args *LoadBalancerArgs, o
 		}
 		c.ServerAttachments = append(c.ServerAttachments, sga)
 
-		a, err := lb.NewTargetGroupAttachment(ctx, name+"-target-"+id, &lb.TargetGroupAttachmentArgs{
-			TargetGroupArn: c.TargetGroup.Arn,
-			TargetId:       pulumi.String(id),
-			Port:           pulumi.Int(s.AppPort),
-		}, child)
-		if err != nil {
-			return nil, fmt.Errorf("attach server %s: %w", id, err)
+		// One target a slot: the instance on each slot's port. The first
+		// keeps today's name, so a change of design only adds.
+		for j, port := range s.Ports(t) {
+			target := name + "-target-" + id
+			if j > 0 {
+				target += "-" + slotSuffix[j]
+			}
+			a, err := lb.NewTargetGroupAttachment(ctx, target, &lb.TargetGroupAttachmentArgs{
+				TargetGroupArn: c.TargetGroup.Arn,
+				TargetId:       pulumi.String(id),
+				Port:           pulumi.Int(port),
+			}, child)
+			if err != nil {
+				return nil, fmt.Errorf("attach server %s on %s: %w", id, slotWhat[j], err)
+			}
+			c.Attachments = append(c.Attachments, a)
 		}
-		c.Attachments = append(c.Attachments, a)
 	}
 
 	c.DNSName = c.ALB.DnsName
@@ -399,6 +427,9 @@ func NewLoadBalancer(ctx *pulumi.Context, name string, args *LoadBalancerArgs, o
 		"appPort":               pulumi.Int(s.AppPort),
 		"healthCheckPath":       pulumi.String(HealthPath),
 		"timing":                contractOutputs(t),
+	}
+	if len(s.Ports(t)) > 1 {
+		c.outputs["slotPort"] = pulumi.Int(s.SlotPort)
 	}
 	if err := ctx.RegisterResourceOutputs(c, c.outputs); err != nil {
 		return nil, fmt.Errorf("register outputs of %s: %w", name, err)

@@ -421,22 +421,7 @@ func TestServersReachableOnlyFromTheALBSecurityGroup(t *testing.T) {
 func TestOutputsShowWhatIsLive(t *testing.T) {
 	for name, tm := range map[string]Timing{"prod": Prod(), "alt": altTiming(t)} {
 		t.Run(name, func(t *testing.T) {
-			got := make(chan map[string]any, 1)
-			rec := &Recorder{}
-			err := pulumi.RunErr(func(ctx *pulumi.Context) error {
-				lb, err := Build(ctx, tm)
-				if err != nil {
-					return err
-				}
-				lb.Outputs().ToMapOutput().ApplyT(func(m map[string]any) map[string]any {
-					got <- m
-					return m
-				})
-				return nil
-			}, pulumi.WithMocks(Project, "prod", rec), WithConfig(prodConfig(t)))
-			require.NoError(t, err)
-			require.Len(t, got, 1, "outputs resolved")
-			out := <-got
+			out, rec := outputsOf(t, tm, prodConfig(t))
 			alb := findResource(t, rec.Resources(), TypeLoadBalancer, ComponentName+"-alb")
 			tg := findResource(t, rec.Resources(), TypeTargetGroup, ComponentName+"-tg")
 			assert.Equal(t, alb.Name+".dry-plan.invalid", out["albDnsName"], "albDnsName is %s's DNS name", alb.Name)
@@ -465,6 +450,8 @@ func TestOutputsShowWhatIsLive(t *testing.T) {
 				"drain":                   tm.Drain.String(),
 				"drainQuiet":              tm.DrainQuiet.String(),
 				"quietRequests":           tm.QuietRequests,
+				"slots":                   tm.Slots,
+				"registeredSlots":         tm.RegisteredSlots,
 				"maxDrain":                tm.MaxDrain.String(),
 				"shutdownTimeout":         tm.ShutdownTimeout.String(),
 				"killMargin":              tm.KillMargin.String(),
@@ -541,6 +528,26 @@ func TestBadInputFailsBeforeAnyResource(t *testing.T) {
 				return withKey(c, KeyCertificateARN, strp("arn:aws:acm:us-east-1:1:certificate/x"))
 			},
 			want: []string{`mythex-infra:certificateArn "arn:aws:acm:us-east-1:1:certificate/x" is not an ACM certificate ARN`},
+		},
+		{
+			name: "two slots without a second port", timing: twoSlots(),
+			want: []string{"invalid stack config: 1 problem(s)",
+				"mythex-infra:slotPort is not set: the timing contract registers 2 slots a server (RegisteredSlots)"},
+		},
+		{
+			name: "a second port with one slot", timing: Prod(),
+			cfg:  func(c map[string]string) map[string]string { return withKey(c, KeySlotPort, strp("8081")) },
+			want: []string{"mythex-infra:slotPort 8081 is set, but the timing contract registers one slot a server (RegisteredSlots 1)"},
+		},
+		{
+			name: "both slots on one port", timing: twoSlots(),
+			cfg:  func(c map[string]string) map[string]string { return withKey(c, KeySlotPort, strp("8080")) },
+			want: []string{"mythex-infra:slotPort 8080 must differ from mythex-infra:appPort 8080"},
+		},
+		{
+			name: "a second port out of range", timing: twoSlots(),
+			cfg:  func(c map[string]string) map[string]string { return withKey(c, KeySlotPort, strp("70000")) },
+			want: []string{"mythex-infra:slotPort 70000 must be within 1–65535"},
 		},
 		{
 			name: "timing and config together", timing: broken,
@@ -627,7 +634,10 @@ func TestBalancerFieldsAreTheComponentsInputs(t *testing.T) {
 	require.NoError(t, err)
 	var balancer []string
 	for _, s := range sides {
-		if s.Side == SideBalancer && s.Field != "NodeSkew" {
+		// NodeSkew describes the nodes; RegisteredSlots says how many
+		// attachments a server has, not an input's value
+		// (TestTwoSlotsRegisterEachServerTwice).
+		if s.Side == SideBalancer && s.Field != "NodeSkew" && s.Field != "RegisteredSlots" {
 			balancer = append(balancer, s.Field)
 		}
 	}
@@ -657,4 +667,95 @@ func TestTimingOutputHasEveryField(t *testing.T) {
 	for field, key := range map[string]string{"HealthCheckInterval": "healthCheckInterval", "LBIdleTimeout": "lbIdleTimeout", "TTL": "ttl", "X": "x"} {
 		assert.Equal(t, key, OutputKey(field), "OutputKey(%s)", field)
 	}
+}
+
+// twoSlots is the production timing in the slots design (docs/capacity.md).
+func twoSlots() Timing {
+	tm := Prod()
+	tm.Slots, tm.RegisteredSlots = 2, 2
+	return tm
+}
+
+// TestTwoSlotsRegisterEachServerTwice: in the slots design the target group
+// holds every server on both slots' ports, the security groups let the
+// balancer reach both, and the outputs name the second port; today's
+// resources keep their names, so a change of design only adds.
+func TestTwoSlotsRegisterEachServerTwice(t *testing.T) {
+	cfg := withKey(prodConfig(t), KeySlotPort, strp("8081"))
+	stack, err := ParseStackConfig(mapSource(cfg))
+	require.NoError(t, err)
+	two, err := runProgram(t, twoSlots(), "prod", cfg)
+	require.NoError(t, err)
+	one := planProd(t)
+
+	tg := findResource(t, two, TypeTargetGroup, ComponentName+"-tg")
+	got := map[string]any{}
+	for _, a := range ofType(two, TypeAttachment) {
+		assert.Equal(t, mockARN(tg), input(a, "targetGroupArn"), "%s joins %s", a.Name, tg.Name)
+		got[a.Name] = []any{input(a, "targetId"), input(a, "port")}
+	}
+	want := map[string]any{}
+	for _, id := range stack.InstanceIDs {
+		want[ComponentName+"-target-"+id] = []any{id, float64(8080)}
+		want[ComponentName+"-target-"+id+"-slot"] = []any{id, float64(8081)}
+	}
+	assert.Equal(t, want, got, "each server on both ports")
+
+	for _, rule := range []struct{ typ, name string }{
+		{TypeEgressRule, ComponentName + "-alb-out-app"}, {TypeEgressRule, ComponentName + "-alb-out-slot"},
+		{TypeIngressRule, ComponentName + "-servers-in-app"}, {TypeIngressRule, ComponentName + "-servers-in-slot"},
+	} {
+		r := findResource(t, two, rule.typ, rule.name)
+		port := float64(8080)
+		if strings.HasSuffix(rule.name, "-slot") {
+			port = 8081
+		}
+		assert.Equal(t, port, input(r, "fromPort"), "%s", r.Name)
+		assert.Equal(t, port, input(r, "toPort"), "%s", r.Name)
+	}
+
+	// Today's resources are all still there, under the same names: the
+	// change adds an attachment a server and a rule each way.
+	names := func(rs []PlannedResource) map[string]bool {
+		out := map[string]bool{}
+		for _, r := range rs {
+			out[r.Type+" "+r.Name] = true
+		}
+		return out
+	}
+	before, after := names(one), names(two)
+	for n := range before {
+		assert.True(t, after[n], "%s is kept", n)
+	}
+	assert.Len(t, after, len(before)+len(stack.InstanceIDs)+2, "one attachment a server and two rules added")
+}
+
+func TestTwoSlotsOutputTheSecondPort(t *testing.T) {
+	out, _ := outputsOf(t, twoSlots(), withKey(prodConfig(t), KeySlotPort, strp("8081")))
+	assert.Equal(t, 8080, out["appPort"])
+	assert.Equal(t, 8081, out["slotPort"])
+	out, _ = outputsOf(t, Prod(), prodConfig(t))
+	assert.NotContains(t, out, "slotPort", "one slot, no second port")
+}
+
+// outputsOf runs the stack's program with cfg and returns its outputs and
+// what it registered.
+func outputsOf(t *testing.T, tm Timing, cfg map[string]string) (map[string]any, *Recorder) {
+	t.Helper()
+	got := make(chan map[string]any, 1)
+	rec := &Recorder{}
+	err := pulumi.RunErr(func(ctx *pulumi.Context) error {
+		lb, err := Build(ctx, tm)
+		if err != nil {
+			return err
+		}
+		lb.Outputs().ToMapOutput().ApplyT(func(m map[string]any) map[string]any {
+			got <- m
+			return m
+		})
+		return nil
+	}, pulumi.WithMocks(Project, "prod", rec), WithConfig(cfg))
+	require.NoError(t, err)
+	require.Len(t, got, 1, "outputs resolved")
+	return <-got, rec
 }

@@ -31,6 +31,9 @@ const (
 	KeyAccessLogsBucket = Project + ":accessLogsBucket"
 	KeyAppPort          = Project + ":appPort"
 	KeyInstanceIDs      = Project + ":instanceIds"
+	// KeySlotPort is the second slot's port, set when the contract's
+	// RegisteredSlots is 2 and only then.
+	KeySlotPort = Project + ":slotPort"
 	// KeyAccessLogsExpireDays is how long the access logs are kept.
 	KeyAccessLogsExpireDays = Project + ":accessLogsExpireDays"
 )
@@ -66,6 +69,39 @@ type StackConfig struct {
 	AppPort int
 	// InstanceIDs are the servers behind the load balancer.
 	InstanceIDs []string
+	// SlotPort is where a server's second slot publishes the api, in the
+	// slots design (Timing.RegisteredSlots 2); 0 with one slot.
+	SlotPort int
+}
+
+// Ports are the ports the target group holds each server on, one a slot
+// the contract registers: AppPort, then SlotPort. CheckSlots has said the
+// stack names them.
+func (c StackConfig) Ports(t Timing) []int {
+	return []int{c.AppPort, c.SlotPort}[:min(max(t.RegisteredSlots, 1), MaxSlots)]
+}
+
+// CheckSlots reports what the stack's ports say against the contract's
+// design: a second port exactly when the target group registers two slots,
+// distinct from the first. Nil when they agree.
+func CheckSlots(t Timing, c StackConfig) error {
+	var problems []string
+	switch {
+	case t.RegisteredSlots >= 2 && c.SlotPort == 0:
+		problems = append(problems, fmt.Sprintf("%s is not set: the timing contract registers %d slots a server (RegisteredSlots), and the second publishes its own port",
+			KeySlotPort, t.RegisteredSlots))
+	case t.RegisteredSlots < 2 && c.SlotPort != 0:
+		problems = append(problems, fmt.Sprintf("%s %d is set, but the timing contract registers one slot a server (RegisteredSlots %d): nothing would check it; remove it, or change the design in infra/timing.go (docs/capacity.md)",
+			KeySlotPort, c.SlotPort, t.RegisteredSlots))
+	}
+	if c.SlotPort != 0 && c.SlotPort == c.AppPort {
+		problems = append(problems, fmt.Sprintf("%s %d must differ from %s %d: each slot publishes its own port",
+			KeySlotPort, c.SlotPort, KeyAppPort, c.AppPort))
+	}
+	if len(problems) > 0 {
+		return &StackConfigError{Problems: problems}
+	}
+	return nil
 }
 
 // ConfigSource looks up one stack input by its full key ("project:name"), as
@@ -131,6 +167,14 @@ func ParseStackConfig(get ConfigSource) (StackConfig, error) {
 		c.AppPort = n
 	}
 	c.InstanceIDs = list(KeyInstanceIDs)
+	// Optional: only the slots design has a second port.
+	if v, ok := get(KeySlotPort); ok && strings.TrimSpace(v) != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil {
+			fail(KeySlotPort, "%q must be an integer", v)
+		}
+		c.SlotPort = n
+	}
 	if v := text(KeyAccessLogsExpireDays); v != "" {
 		n, err := strconv.Atoi(v)
 		if err != nil {
@@ -217,6 +261,9 @@ func (c StackConfig) problems() []problem {
 	}
 	if c.AppPort < 1 || c.AppPort > 65535 {
 		add(KeyAppPort, "%d must be within 1–65535", c.AppPort)
+	}
+	if c.SlotPort != 0 && (c.SlotPort < 1 || c.SlotPort > 65535) {
+		add(KeySlotPort, "%d must be within 1–65535", c.SlotPort)
 	}
 	idList(KeyInstanceIDs, c.InstanceIDs, instanceRe, "an EC2 instance ID (i- and 8 or 17 hex digits)", 1,
 		"the target group needs at least one server", add)

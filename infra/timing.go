@@ -134,6 +134,17 @@ type Timing struct {
 	// MaxPlannedDowntime is the longest a deploy keeps a service unhealthy on
 	// purpose.
 	MaxPlannedDowntime time.Duration `side:"servers"`
+
+	// Slots is how many slots a server runs its release in, each a compose
+	// project publishing its own port: 1, today's design, where a deploy
+	// drains the server; 2, the slots design (docs/capacity.md), where a
+	// deploy starts the new release in the idle slot and drains the old
+	// one only once every balancer node routes to the new.
+	Slots int `side:"servers"`
+	// RegisteredSlots is how many of each server's slots the target group
+	// holds, one port each. Both sides read a design: the balancer must
+	// check a slot before a server hands over to it (slots-registered).
+	RegisteredSlots int `side:"balancer"`
 }
 
 // Prod returns the production timing. Each value says why it is what it is.
@@ -263,6 +274,15 @@ func Prod() Timing {
 		// The article's longest planned drain of a service during a deploy;
 		// our own deploy needs at most DeployDowntime of it.
 		MaxPlannedDowntime: 150 * time.Second,
+
+		// Today's design: the hooks run one slot. The slots design keeps
+		// every server in service through a rollout (docs/capacity.md);
+		// the hooks, the rollout and the rehearsal do not run it yet, and
+		// the hooks' renderer refuses a release of two.
+		Slots: 1,
+		// As many as the servers run (slots-agree): an idle port the
+		// target group checks is a target unhealthy for good.
+		RegisteredSlots: 1,
 	}
 }
 
@@ -315,14 +335,20 @@ func (t Timing) ReentryBound() time.Duration {
 	return t.Drain
 }
 
+// EarliestRemoval is the soonest a balancer node takes a target out once
+// its health endpoint answers 503: no node acts before its
+// UnhealthyThreshold-th failed check, which comes (UnhealthyThreshold − 1)
+// intervals after the first at the soonest (the first may come at once).
+func (t Timing) EarliestRemoval() time.Duration {
+	return t.HealthCheckInterval * time.Duration(t.UnhealthyThreshold-1)
+}
+
 // EarliestDrainEnd is the soonest a drain may end on evidence: no balancer
-// node can have acted before its UnhealthyThreshold-th failed check, which
-// comes (UnhealthyThreshold − 1) intervals after the first at the soonest
-// (the first may come at once), and the drain then waits DrainQuiet for
-// the requests that node sent just before acting.
+// node can have acted before EarliestRemoval, and the drain then waits
+// DrainQuiet for the requests that node sent just before acting.
 // The drain library applies it as drain.Config.EarliestEnd.
 func (t Timing) EarliestDrainEnd() time.Duration {
-	return t.HealthCheckInterval*time.Duration(t.UnhealthyThreshold-1) + t.DrainQuiet
+	return t.EarliestRemoval() + t.DrainQuiet
 }
 
 // MaxShutdownDeadline is when, after SIGTERM, the last in-flight request is
@@ -336,6 +362,9 @@ func (t Timing) MaxShutdownDeadline() time.Duration {
 var absentMeans = map[string]func(*Timing){
 	// Before MaxDrain a drain never went past Drain.
 	"MaxDrain": func(t *Timing) { t.MaxDrain = t.Drain },
+	// Before the slots design every server ran one slot, registered once.
+	"Slots":           func(t *Timing) { t.Slots = 1 },
+	"RegisteredSlots": func(t *Timing) { t.RegisteredSlots = 1 },
 }
 
 // AsReleasedWithout returns t with each of fields that a release lacked
@@ -434,6 +463,40 @@ func (t Timing) SettleChecks() int {
 // containers and finishing in-flight requests are taken as instant.
 func (t Timing) ServerDeployMin() time.Duration {
 	return t.Drain + t.Reentry()
+}
+
+// AdmissionMax is the latest every balancer node routes to a target once
+// it answers healthy: a node's next check may start one interval later and
+// the others follow one interval apart (Reentry), the last of them taking
+// its whole timeout. The mirror of WorstCaseDetection.
+func (t Timing) AdmissionMax() time.Duration {
+	return t.Reentry() + t.HealthCheckTimeout
+}
+
+// HandoverRemoval is the soonest a balancer node takes a server's old slot
+// out after its new slot answers healthy, in the slots design: the deploy
+// hands over once the new slot has passed its settle watch (Reentry), and
+// a node acts no sooner than EarliestRemoval after the old slot's 503s.
+func (t Timing) HandoverRemoval() time.Duration {
+	return t.Reentry() + t.EarliestRemoval()
+}
+
+// SlotDeployMin is the theoretical minimum time of one server's deploy in
+// the slots design (Slots 2): the new slot is admitted (Reentry, the settle
+// watch the deploy runs anyway), then the old slot drains. ServerDeployMin's
+// two halves swapped, and the server never out of service. Starting
+// containers and finishing in-flight requests are taken as instant.
+func (t Timing) SlotDeployMin() time.Duration {
+	return t.Reentry() + t.Drain
+}
+
+// SlotOverlapMax is the longest a server runs two releases at once in the
+// slots design, which its memory must hold: the new slot's start and wait
+// for health (StartTimeout), its settle watch (Reentry, and up to
+// StartTimeout more on a busy server), then the old slot's stop
+// (StopGracePeriod).
+func (t Timing) SlotOverlapMax() time.Duration {
+	return 2*t.StartTimeout + t.Reentry() + t.StopGracePeriod
 }
 
 // DeploySteps is the sum of the bounds of what a deploy does under the
@@ -680,6 +743,13 @@ const (
 	RuleMaxDrainFits      Rule = "max-drain-fits-grace"
 	RuleMaxDrainCovers    Rule = "max-drain-covers-drain"
 	RuleQuietCoversSkew   Rule = "quiet-covers-skew"
+	RuleHandoverCapacity  Rule = "handover-keeps-capacity"
+	// The design: how many slots each side runs. A limit for one release
+	// (slots, slots-agree); slots-registered holds between the sides while
+	// a change of design rolls out.
+	RuleSlots           Rule = "slots"
+	RuleSlotsAgree      Rule = "slots-agree"
+	RuleSlotsRegistered Rule = "slots-registered"
 )
 
 // Violation is one broken rule: which fields take part and what is wrong.
@@ -802,6 +872,8 @@ func (t Timing) limitViolations() []Violation {
 		{"HealthyThreshold", t.HealthyThreshold},
 		{"WatchdogStrikes", t.WatchdogStrikes},
 		{"QuietRequests", t.QuietRequests},
+		{"Slots", t.Slots},
+		{"RegisteredSlots", t.RegisteredSlots},
 	}
 	for _, c := range counts {
 		if c.value <= 0 {
@@ -829,8 +901,23 @@ func (t Timing) limitViolations() []Violation {
 				fmt.Sprintf("%s %d must be within 2–10", c.name, c.value)})
 		}
 	}
+	for _, c := range counts[len(counts)-2:] {
+		if c.value > MaxSlots {
+			vs = append(vs, Violation{RuleSlots, []string{c.name},
+				fmt.Sprintf("%s %d must be 1 (a deploy drains the server) or %d (a deploy swaps slots): no design has more", c.name, c.value, MaxSlots)})
+		}
+	}
+	if t.Slots != t.RegisteredSlots {
+		vs = append(vs, Violation{RuleSlotsAgree, []string{"Slots", "RegisteredSlots"},
+			fmt.Sprintf("RegisteredSlots %d must equal Slots %d in a release: fewer, and a server hands over to a slot no balancer node checks; more, and the target group holds a port no server runs, unhealthy for good (the two differ only while a change of design rolls out, balancer first)",
+				t.RegisteredSlots, t.Slots)})
+	}
 	return vs
 }
+
+// MaxSlots is the most slots a server runs: the old release's and the new
+// one's, side by side for the handover.
+const MaxSlots = 2
 
 func (t Timing) invariantViolations() []Violation {
 	var vs []Violation
@@ -838,6 +925,14 @@ func (t Timing) invariantViolations() []Violation {
 		if !r.Holds(t) {
 			vs = append(vs, Violation{r.Rule, r.Fields, r.explain(t)})
 		}
+	}
+	// Between counts, so not a Relation (whose margin is a duration): a
+	// server whose slots the target group does not all hold hands over to
+	// a port no balancer node checks, and drains itself out of service.
+	if t.RegisteredSlots < t.Slots {
+		vs = append(vs, Violation{RuleSlotsRegistered, []string{"RegisteredSlots", "Slots"},
+			fmt.Sprintf("RegisteredSlots %d must not be below Slots %d: a server hands over to a slot no balancer node checks, and drains itself out of service (a change to more slots goes balancer first, to fewer servers first)",
+				t.RegisteredSlots, t.Slots)})
 	}
 	return vs
 }
@@ -860,6 +955,12 @@ type Relation struct {
 	// Need is the least margin; nil means zero.
 	Need   *Term
 	Strict bool
+	// Applies says whether the relation binds t (nil: always); one that
+	// does not holds whatever its margin. A relation of one design binds
+	// only a timing of that design.
+	Applies func(Timing) bool
+	// AppliesWhen says, for a relation with Applies, when it binds.
+	AppliesWhen string
 	// explain says, with the values, what is wrong when it does not hold.
 	explain func(Timing) string
 }
@@ -877,8 +978,16 @@ func (r Relation) NeedValue(t Timing) time.Duration {
 	return r.Need.Value(t)
 }
 
+// Binds reports whether the relation applies to t at all.
+func (r Relation) Binds(t Timing) bool {
+	return r.Applies == nil || r.Applies(t)
+}
+
 // Holds reports whether t keeps the relation.
 func (r Relation) Holds(t Timing) bool {
+	if !r.Binds(t) {
+		return true
+	}
 	if r.Strict {
 		return r.Margin(t) > r.NeedValue(t)
 	}
@@ -1089,6 +1198,27 @@ func Relations() []Relation {
 			explain: func(t Timing) string {
 				return fmt.Sprintf("DrainQuiet %v must cover NodeSkew %v, or a drain ends on evidence while the slowest node's last requests are still on their way",
 					t.DrainQuiet, t.NodeSkew)
+			},
+		},
+		{
+			// The slots design's handover: the deploy hands over Reentry
+			// after the new slot answers healthy (its settle watch), and a
+			// node takes the old slot out no sooner than EarliestRemoval
+			// after that; every node routes to the new slot by
+			// AdmissionMax, and applies its verdict up to NodeSkew late.
+			// Broken, a node routes to neither slot for a moment: the
+			// server is out of its service, the capacity the design exists
+			// to keep.
+			Rule:        RuleHandoverCapacity,
+			Fields:      []string{"HealthCheckInterval", "UnhealthyThreshold", "HealthyThreshold", "HealthCheckTimeout", "NodeSkew", "Slots"},
+			Left:        Term{"HandoverRemoval", Timing.HandoverRemoval},
+			Right:       Term{"AdmissionMax", Timing.AdmissionMax},
+			Need:        &Term{"NodeSkew", func(t Timing) time.Duration { return t.NodeSkew }},
+			Applies:     func(t Timing) bool { return t.Slots > 1 },
+			AppliesWhen: "Slots 2",
+			explain: func(t Timing) string {
+				return fmt.Sprintf("the old slot leaves a node no sooner than %v after the new slot answers (Reentry %v + EarliestRemoval %v), which must exceed the latest every node routes to the new slot, %v (AdmissionMax: Reentry + HealthCheckTimeout %v), by at least NodeSkew %v, or a node routes to neither slot; margin is %v",
+					t.HandoverRemoval(), t.Reentry(), t.EarliestRemoval(), t.AdmissionMax(), t.HealthCheckTimeout, t.NodeSkew, t.HandoverRemoval()-t.AdmissionMax())
 			},
 		},
 	}

@@ -380,6 +380,84 @@ func TestDerived(t *testing.T) {
 	assert.Equal(t, 73*time.Second, tm.ReentryWaitMax(), "66s + 7s")
 	assert.Equal(t, 476*time.Second, tm.RolloutBatchMax(), "403s + 73s")
 	assert.Equal(t, 45*time.Second, tm.RequestDeadline(), "AppKeepAlive")
+	// The slots design's (docs/capacity.md).
+	assert.Equal(t, 14*time.Second, tm.EarliestRemoval(), "(3 − 1) × 7s")
+	assert.Equal(t, 30*time.Second, tm.AdmissionMax(), "28s + 2s")
+	assert.Equal(t, 42*time.Second, tm.HandoverRemoval(), "28s + 14s")
+	assert.Equal(t, 58*time.Second, tm.SlotDeployMin(), "28s + 30s")
+	assert.Equal(t, 118*time.Second, tm.SlotOverlapMax(), "2 × 20s + 28s + 50s")
+}
+
+// TestProdSlotNumbers pins the slots design's numbers at production values,
+// as docs/capacity.md derives them.
+func TestProdSlotNumbers(t *testing.T) {
+	p := infra.Prod()
+	assert.Equal(t, 5*time.Second, p.EarliestRemoval())
+	assert.Equal(t, 6*time.Second, p.EarliestDrainEnd(), "EarliestRemoval + DrainQuiet")
+	assert.Equal(t, 13*time.Second, p.AdmissionMax())
+	assert.Equal(t, 15*time.Second, p.HandoverRemoval())
+	assert.Equal(t, 25*time.Second, p.SlotDeployMin(), "ServerDeployMin's halves swapped")
+	assert.Equal(t, p.ServerDeployMin(), p.SlotDeployMin())
+	assert.Equal(t, 170*time.Second, p.SlotOverlapMax())
+	assert.Equal(t, 1, p.Slots, "today's design until the hooks run slots")
+	assert.Equal(t, p.Slots, p.RegisteredSlots)
+}
+
+// TestSlots: a release runs one slot or two, and both sides of it agree;
+// the handover relation binds only a timing of two slots.
+func TestSlots(t *testing.T) {
+	// NodeSkew past what a 4 s timeout leaves of a 5 s interval: the drain
+	// is long enough for it, the handover is not.
+	tight := map[string]any{"NodeSkew": 1500 * time.Millisecond, "DrainQuiet": 1500 * time.Millisecond,
+		"Drain": 16 * time.Second, "HealthCheckTimeout": 4 * time.Second}
+	two := func(m map[string]any) map[string]any {
+		out := map[string]any{"Slots": 2, "RegisteredSlots": 2}
+		for k, v := range m {
+			out[k] = v
+		}
+		return out
+	}
+	tests := []struct {
+		name    string
+		changes map[string]any
+		rules   []infra.Rule
+		msg     string
+	}{
+		{name: "two slots", changes: two(nil)},
+		{name: "one slot, a handover that would not keep capacity", changes: tight},
+		{name: "two slots, a handover that does not keep capacity", changes: two(tight),
+			rules: []infra.Rule{infra.RuleHandoverCapacity},
+			msg:   "the old slot leaves a node no sooner than 15s after the new slot answers (Reentry 10s + EarliestRemoval 5s), which must exceed the latest every node routes to the new slot, 14s (AdmissionMax: Reentry + HealthCheckTimeout 4s), by at least NodeSkew 1.5s, or a node routes to neither slot; margin is 1s"},
+		{name: "three slots", changes: map[string]any{"Slots": 3, "RegisteredSlots": 3},
+			rules: []infra.Rule{infra.RuleSlots, infra.RuleSlots},
+			msg:   "Slots 3 must be 1 (a deploy drains the server) or 2 (a deploy swaps slots): no design has more"},
+		{name: "the balancer registers more than the servers run", changes: map[string]any{"RegisteredSlots": 2},
+			rules: []infra.Rule{infra.RuleSlotsAgree},
+			msg:   "RegisteredSlots 2 must equal Slots 1 in a release"},
+		{name: "the servers run more than the balancer registers", changes: map[string]any{"Slots": 2},
+			rules: []infra.Rule{infra.RuleSlotsAgree, infra.RuleSlotsRegistered},
+			msg:   "RegisteredSlots 1 must not be below Slots 2: a server hands over to a slot no balancer node checks"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			vs := with(t, tt.changes).Violations()
+			var got []infra.Rule
+			for _, v := range vs {
+				got = append(got, v.Rule)
+			}
+			assert.ElementsMatch(t, tt.rules, got, "%v", vs)
+			if tt.msg != "" {
+				assert.Contains(t, with(t, tt.changes).Validate().Error(), tt.msg)
+			}
+		})
+	}
+	// At the boundary: a margin of exactly NodeSkew keeps capacity.
+	edge := two(tight)
+	edge["NodeSkew"], edge["DrainQuiet"] = time.Second, time.Second
+	assert.NoError(t, with(t, edge).Validate(), "a margin of NodeSkew holds")
+	// Scaled keeps the design: counts are not the timeline's.
+	assert.NoError(t, with(t, two(nil)).Scaled(0.2).ValidateInvariants())
+	assert.Equal(t, 2, with(t, two(nil)).Scaled(0.2).Slots)
 }
 
 func TestAsReleasedWithout(t *testing.T) {
@@ -391,6 +469,11 @@ func TestAsReleasedWithout(t *testing.T) {
 	assert.Equal(t, want, before, "fields without a meaning in an older release keep their value")
 	assert.Equal(t, p, p.AsReleasedWithout(nil))
 	assert.Equal(t, p, p.AsReleasedWithout([]string{"DrainQuiet"}))
+	// A release before the slots design ran one slot, registered once.
+	two := with(t, map[string]any{"Slots": 2, "RegisteredSlots": 2})
+	old := two.AsReleasedWithout([]string{"Slots", "RegisteredSlots"})
+	assert.Equal(t, 1, old.Slots)
+	assert.Equal(t, 1, old.RegisteredSlots)
 }
 
 func TestScaled(t *testing.T) {
@@ -523,6 +606,8 @@ func wrongValues(p infra.Timing) map[string][]any {
 		"WatchdogInterval":   {0, -time.Second, p.MaxPlannedDowntime / time.Duration(p.WatchdogStrikes-1)},
 		"WatchdogStrikes":    {0, -1, p.WatchdogStrikes - 1},
 		"MaxPlannedDowntime": {0, -time.Second, p.WatchdogTolerance(), p.DeployDowntime() - 1},
+		"Slots":              {0, -1, p.RegisteredSlots + 1, infra.MaxSlots + 1},
+		"RegisteredSlots":    {0, -1, p.Slots + 1, infra.MaxSlots + 1},
 	}
 }
 

@@ -152,6 +152,13 @@ func transitionRows() []transitionRow {
 			order:         infra.NoSafeOrder,
 			serversFirst:  []infra.Rule{infra.RuleDrainOutlasts, infra.RuleReentryShort, infra.RuleMaxDrainFits},
 			balancerFirst: []infra.Rule{infra.RuleMaxDrainFits}},
+		// The slots design (docs/capacity.md): the target group checks the
+		// second port before a server hands over to it; every server is
+		// back on one slot before the second registration goes.
+		{name: "one slot to two: the balancer registers the second first", new: map[string]any{"Slots": 2, "RegisteredSlots": 2},
+			order: infra.BalancerFirst, serversFirst: []infra.Rule{infra.RuleSlotsRegistered}},
+		{name: "two slots to one: the servers leave the second first", old: map[string]any{"Slots": 2, "RegisteredSlots": 2}, new: map[string]any{},
+			order: infra.ServersFirst, balancerFirst: []infra.Rule{infra.RuleSlotsRegistered}},
 	}
 }
 
@@ -184,7 +191,7 @@ func TestCheckTransition(t *testing.T) {
 			seen[tr.Order] = true
 		})
 	}
-	assert.Len(t, transitionRows(), 13)
+	assert.Len(t, transitionRows(), 15)
 	for _, o := range []infra.Order{infra.AnyOrder, infra.ServersFirst, infra.BalancerFirst, infra.NoSafeOrder} {
 		assert.Truef(t, seen[o], "no row has the verdict %q", o)
 	}

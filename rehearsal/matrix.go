@@ -239,6 +239,7 @@ var Unrehearsable = map[infra.Rule]string{
 	infra.RuleHeaderBeforeCut:   "the load sends each request's headers at once: no client trickles them, so the header timeout never runs into a shutdown (drain's TestSlowHeaderDoesNotHoldTheShutdown shows it on loopback)",
 	infra.RuleMaxDrainCovers:    "the drain library refuses a MaxDrain below Drain when the service starts (drain.Config.Validate): no service ever runs with it",
 	infra.RuleQuietCoversSkew:   "the stand-in nodes reach the servers through Docker's userland proxy without naming themselves, so the servers cannot tell them apart and the evidence drain falls back to the fixed drain: a quiet window shorter than the skew never ends a drain here; the lagging-balancer row's nodes name themselves, but act at once on their checks or a whole lag late, never within a skew",
+	infra.RuleHandoverCapacity:  "it binds the slots design (Slots 2), and the hooks and the rehearsal's servers run one slot until that design is built (docs/capacity.md): no deploy here hands over between slots",
 	infra.RuleIdleCoversRequest: "the load's longest request is half the shutdown timeout, far inside the idle timeout; the balancer's 504 for a request past it is pinned by TestFidelity",
 }
 
