@@ -83,41 +83,58 @@ type NodeLow struct {
 // the rest. The state at `since` is the first sample, so a server already
 // out then counts; moves before it shape that state but are not samples.
 // names maps an upstream's address to its server's name; an upstream it
-// does not name counts as a server, named by its address. Every upstream
-// starts in service, as a node's tracker does.
+// does not name counts as a server, named by its address. A server with
+// several upstreams (the slots design's two slots) is in service while any
+// of them is. Every upstream starts in service, as a node's tracker does.
 func FewestIn(lbs []*Balancer, names map[string]string, since time.Time) []NodeLow {
 	lows := make([]NodeLow, 0, len(lbs))
 	for _, b := range lbs {
 		moves := b.Health.Moves()
-		hosts := map[string]bool{}
-		for host := range names {
-			hosts[host] = true
-		}
-		for _, m := range moves {
-			hosts[m.Host] = true
-		}
-		out := map[string]bool{}
-		low := NodeLow{Node: b.Name, Fewest: len(hosts) + 1, Servers: len(hosts)}
-		sample := func(at time.Time) {
-			if in := len(hosts) - len(out); in < low.Fewest {
-				low.Fewest, low.At, low.AtSeconds = in, at, at.Sub(since).Seconds()
-				low.Out = nil
-				for host := range out {
-					low.Out = append(low.Out, serverName(names, host))
-				}
-				slices.Sort(low.Out)
+		// slots[server] is how many of its upstreams the node knows.
+		slots := map[string]int{}
+		seen := map[string]bool{}
+		count := func(host string) {
+			if !seen[host] {
+				seen[host] = true
+				slots[serverName(names, host)]++
 			}
 		}
+		for host := range names {
+			count(host)
+		}
+		for _, m := range moves {
+			count(m.Host)
+		}
+		// outSlots[server] is how many of its upstreams the node holds out.
+		outSlots := map[string]int{}
+		low := NodeLow{Node: b.Name, Fewest: len(slots) + 1, Servers: len(slots)}
+		sample := func(at time.Time) {
+			var out []string
+			for server, n := range outSlots {
+				if n == slots[server] {
+					out = append(out, server)
+				}
+			}
+			if in := len(slots) - len(out); in < low.Fewest {
+				low.Fewest, low.At, low.AtSeconds = in, at, at.Sub(since).Seconds()
+				slices.Sort(out)
+				low.Out = out
+			}
+		}
+		out := map[string]bool{}
 		sampled := false
 		for _, m := range moves {
 			if !sampled && !m.At.Before(since) {
 				sample(since)
 				sampled = true
 			}
-			if m.In {
+			switch server := serverName(names, m.Host); {
+			case m.In && out[m.Host]:
 				delete(out, m.Host)
-			} else {
+				outSlots[server]--
+			case !m.In && !out[m.Host]:
 				out[m.Host] = true
+				outSlots[server]++
 			}
 			if sampled {
 				sample(m.At)

@@ -1,6 +1,7 @@
 package rehearsal
 
 import (
+	"slices"
 	"testing"
 	"time"
 
@@ -117,6 +118,36 @@ func TestFewestIn(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			assert.Equal(t, tt.want, FewestIn(nodesWith(tt.moves), names, at(tt.since)))
+		})
+	}
+}
+
+// TestFewestInCountsServersNotSlots: in the slots design each server has
+// two upstreams, and it is in service while a node routes to either.
+func TestFewestInCountsServersNotSlots(t *testing.T) {
+	slots := map[string]string{"a:1": "s1", "a:2": "s1", "b:1": "s2", "b:2": "s2"}
+	low := func(node string, fewest, s int, out ...string) NodeLow {
+		return NodeLow{Node: node, Fewest: fewest, Servers: 2, At: at(s), AtSeconds: float64(s - 2), Out: out}
+	}
+	// Every idle slot is down before the load starts (since = 2).
+	idle := []nodeMove{out(0, 1, "a:2"), out(0, 1, "b:2"), out(1, 1, "a:2"), out(1, 1, "b:2")}
+	tests := []struct {
+		name  string
+		moves []nodeMove
+		want  []NodeLow
+	}{
+		{"idle slots down, nothing swapped", idle,
+			[]NodeLow{low("lb1", 2, 2), low("lb2", 2, 2)}},
+		{"the new slot in before the old goes out: the server stays", append(slices.Clone(idle),
+			in(0, 3, "a:2"), in(1, 4, "a:2"), out(0, 5, "a:1"), out(1, 5, "a:1")),
+			[]NodeLow{low("lb1", 2, 2), low("lb2", 2, 2)}},
+		{"a node takes the old slot out before it routes to the new: the server is out there", append(slices.Clone(idle),
+			in(0, 3, "a:2"), out(0, 5, "a:1"), out(1, 5, "a:1"), in(1, 6, "a:2")),
+			[]NodeLow{low("lb1", 2, 2), low("lb2", 1, 5, "s1")}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			assert.Equal(t, tt.want, FewestIn(nodesWith(tt.moves), slots, at(2)))
 		})
 	}
 }

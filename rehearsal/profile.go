@@ -74,6 +74,10 @@ type Profile struct {
 	steps func(context.Context, *fleet) ([]DeployReport, error)
 	// steady keeps the load at its rate throughout, without quiet spells.
 	steady bool
+	// slots gives each server a second, idle slot behind every node: the
+	// slots design's prototype (slots.go). No watchdog runs: it knows one
+	// slot, and would restart the one a swap stopped.
+	slots bool
 	// nodes is how the profile's balancer nodes differ from plain ones,
 	// its lag scaled with Timing.
 	nodes NodeBehaviour

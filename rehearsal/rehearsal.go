@@ -342,12 +342,20 @@ func (c Config) runProfile(ctx context.Context, p Profile, id, dir string, img *
 		return pr, err
 	}
 
-	servers, err := c.newServers(p, id, dir, release)
+	used := map[int]bool{}
+	servers, err := c.newServers(p, id, dir, release, "", used)
 	if err != nil {
 		return pr, err
 	}
+	var idle []*server
+	if p.slots {
+		if idle, err = c.newServers(p, id, dir, release, "b", used); err != nil {
+			return pr, err
+		}
+	}
+	all := append(slices.Clone(servers), idle...)
 	defer func() {
-		for _, s := range servers {
+		for _, s := range all {
 			if err := s.Remove(context.Background()); err != nil {
 				c.logf("%s: cleanup: %v", s.name, err)
 			}
@@ -365,7 +373,7 @@ func (c Config) runProfile(ctx context.Context, p Profile, id, dir string, img *
 	}
 
 	var upstreams []string
-	for _, s := range servers {
+	for _, s := range all {
 		upstreams = append(upstreams, s.addr)
 	}
 	var lbs []*Balancer
@@ -388,11 +396,23 @@ func (c Config) runProfile(ctx context.Context, p Profile, id, dir string, img *
 		}
 		pr.NamedNodes = o.Named
 	}
+	nodesUp := time.Now()
 	for _, s := range servers {
 		if err := awaitInService(ctx, lbs, s.addr, t.StartTimeout); err != nil {
 			return pr, fmt.Errorf("%s never in service: %w", s.name, err)
 		}
 	}
+	// A node starts every upstream in service until its checks fail, an
+	// ALB a new target initial: the load starts once every node has every
+	// idle slot down.
+	for _, s := range idle {
+		for _, b := range lbs {
+			if h, err := b.Health.Await(ctx, s.addr, t.StartTimeout, func(h HostHealth) bool { return !h.Healthy }); err != nil {
+				return pr, fmt.Errorf("%s: idle slot %s never down: %w (last verdict %+v)", b.Name, s.name, err, h)
+			}
+		}
+	}
+	pr.IdleDownSeconds = time.Since(nodesUp).Seconds()
 
 	wctx, stopWatch := context.WithCancel(ctx)
 	var wg sync.WaitGroup
@@ -401,6 +421,9 @@ func (c Config) runProfile(ctx context.Context, p Profile, id, dir string, img *
 		wg.Wait()
 	}()
 	for _, s := range servers {
+		if p.slots {
+			break
+		}
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -475,7 +498,7 @@ func (c Config) runProfile(ctx context.Context, p Profile, id, dir string, img *
 
 	var runErr error
 	if p.steps != nil {
-		pr.Deploys, runErr = p.steps(ctx, &fleet{c: c, p: p, id: id, dir: dir, servers: servers, lbs: lbs, ro: ro, load: load, img: img, version: v0})
+		pr.Deploys, runErr = p.steps(ctx, &fleet{c: c, p: p, id: id, dir: dir, servers: servers, idle: idle, lbs: lbs, ro: ro, load: load, img: img, version: v0})
 	}
 	for d := 1; p.steps == nil && d <= c.Deploys && runErr == nil; d++ {
 		var dr DeployReport
@@ -496,19 +519,22 @@ type fleet struct {
 	p       Profile
 	id, dir string
 	servers []*server
-	lbs     []*Balancer
-	ro      *rollout
-	load    *Load
-	img     *images
+	// idle are the servers' idle slots, by server, in a slots profile.
+	idle []*server
+	lbs  []*Balancer
+	ro   *rollout
+	load *Load
+	img  *images
 	// version is what every server runs.
 	version string
 }
 
-func (c Config) newServers(p Profile, id, dir, release string) ([]*server, error) {
+// newServers makes c.Servers servers named s1… with suffix after the
+// number (a slot's), each on a port not in used, which it marks.
+func (c Config) newServers(p Profile, id, dir, release, suffix string, used map[int]bool) ([]*server, error) {
 	var servers []*server
-	used := map[int]bool{}
 	for i := 1; i <= c.Servers; i++ {
-		name := fmt.Sprintf("s%d", i)
+		name := fmt.Sprintf("s%d%s", i, suffix)
 		// Nothing listens on a server's port until its first deploy, so a
 		// second FreePort could hand out the same one.
 		port, err := FreePort()

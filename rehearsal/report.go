@@ -35,9 +35,12 @@ type ProfileReport struct {
 	// Timing is the scaled timing that ran, durations in seconds.
 	Timing TimingSummary `json:"timing"`
 	// Violations are the rules the unscaled timing breaks.
-	Violations []string       `json:"violations,omitempty"`
-	Deploys    []DeployReport `json:"deploys"`
-	Total      DeployReport   `json:"total"`
+	Violations []string `json:"violations,omitempty"`
+	// IdleDownSeconds is, in a slots profile, how long after its nodes
+	// started every node had every idle slot down.
+	IdleDownSeconds float64        `json:"idle_down_s,omitempty"`
+	Deploys         []DeployReport `json:"deploys"`
+	Total           DeployReport   `json:"total"`
 	// Errors are the distinct client errors and unexpected statuses seen.
 	Errors map[string]int64 `json:"errors,omitempty"`
 	// ByMethod is what the load saw over the whole profile, per method.

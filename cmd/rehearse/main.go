@@ -22,13 +22,17 @@
 // release in batches of -max-unavailable after a one-server canary, then a
 // release whose api never becomes healthy and one whose api crashes once,
 // each of which the canary must catch and roll back, with no 502 or 504
-// throughout. Every rehearsal first takes the machine-wide lock the
+// throughout. -slots measures the slots design's prototype
+// (docs/capacity.md): every server two slots, each release swapped in
+// through the idle one, with no 502 or 504 and every node routing to every
+// server throughout. Every rehearsal first takes the machine-wide lock the
 // Docker-driven test suites take turns on, waiting for them if one runs.
 //
 //	go run ./cmd/rehearse -servers 3 -deploys 20 -rate 200
 //	go run ./cmd/rehearse -matrix -servers 2 -deploys 1
 //	go run ./cmd/rehearse -transition
 //	go run ./cmd/rehearse -fleet -servers 6 -max-unavailable 2 -scale 1
+//	go run ./cmd/rehearse -slots -servers 4
 package main
 
 import (
@@ -57,10 +61,10 @@ func main() {
 }
 
 func run(args []string, stdout, stderr io.Writer) int {
-	fs := cmdflag.New("rehearse", "[-profiles LIST | -matrix | -transition | -fleet] [flags]")
+	fs := cmdflag.New("rehearse", "[-profiles LIST | -matrix | -transition | -fleet | -slots] [flags]")
 	c := rehearsal.Config{Progress: stderr}
 	var profiles string
-	var asJSON, matrix, transition, fleet bool
+	var asJSON, matrix, transition, fleet, slots bool
 	fs.IntVar(&c.Servers, "servers", 3, fmt.Sprintf("servers (K), each a compose project of four services (%d with -transition)", rehearsal.TransitionServers))
 	fs.IntVar(&c.Nodes, "nodes", rehearsal.DefaultNodes, fmt.Sprintf("balancer nodes, each checking every server on its own (%d with -transition)", rehearsal.TransitionNodes))
 	fs.IntVar(&c.Deploys, "deploys", 3, "rolling deploys per profile (D)")
@@ -76,6 +80,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs.BoolVar(&transition, "transition", false, "roll a change of the timing out in both orders instead of -profiles (-deploys does not apply): pulumi up (the balancer nodes reload) and the rollout of the new release, each order judged against infra.CheckTransition")
 	fs.BoolVar(&fleet, "fleet", false, fmt.Sprintf("rehearse fleet rollouts instead of -profiles (-deploys does not apply): a good release in batches, then two broken ones the canary must catch and roll back (%d servers, -max-unavailable %s, -scale %g, unless set)",
 		rehearsal.DefaultFleetServers, rehearsal.DefaultFleetMaxUnavailable, rehearsal.DefaultFleetScale))
+	fs.BoolVar(&slots, "slots", false, fmt.Sprintf("measure the slots design's prototype instead of -profiles (-deploys does not apply): each server two slots behind every node, a release swapped in through the idle one, the canary then every other server at once (%d servers, -scale 1, unless set; docs/capacity.md)",
+		rehearsal.DefaultSlotsServers))
 	fs.StringVar(&c.MaxUnavailable, "max-unavailable", "", "the rollout's -max-unavailable, a count or a percentage: servers deployed at once after the canary (default: the rollout's, one at a time)")
 	fs.BoolVar(&c.SSH, "ssh", false, "deploy through the rollout's ssh transport (a loopback sshd) and await re-entry with its describe-target-health client, answered from the balancer nodes: production's path")
 	if code, exit := cmdflag.Parse(fs, args, stdout, stderr); exit {
@@ -96,9 +102,12 @@ func run(args []string, stdout, stderr io.Writer) int {
 		}
 		c.RepoRoot = root
 	}
-	if transition && fleet {
-		fmt.Fprintln(stderr, "rehearse: -transition and -fleet are two rehearsals; run one at a time")
+	if count(transition, fleet, slots) > 1 {
+		fmt.Fprintln(stderr, "rehearse: -transition, -fleet and -slots are each a rehearsal of its own; run one at a time")
 		return 2
+	}
+	if slots {
+		return runSlots(c, set, asJSON, stdout, stderr)
 	}
 	if transition {
 		return runTransition(c, set, asJSON, stdout, stderr)
@@ -197,8 +206,66 @@ func runFleet(c rehearsal.Config, set map[string]bool, asJSON bool, stdout, stde
 	if !set["scale"] {
 		c.Scale = rehearsal.DefaultFleetScale
 	}
-	if err := c.ValidateFleet(); err != nil {
-		fmt.Fprintf(stderr, "rehearse: %v\n", err)
+	return rehearseOnce(c.ValidateFleet(), asJSON, stdout, stderr, func(ctx context.Context) outcome {
+		r, err := rehearsal.RunFleet(ctx, c)
+		o := outcome{ran: len(r.Rows) > 0, err: err, json: r.WriteJSON, table: tables(r.WriteTable, r.Report.WriteTable)}
+		if r.Failed() {
+			o.failed = "a fleet scenario did not show what it must"
+		}
+		return o
+	})
+}
+
+// count is how many of bs are true.
+func count(bs ...bool) int {
+	n := 0
+	for _, b := range bs {
+		if b {
+			n++
+		}
+	}
+	return n
+}
+
+// runSlots measures the slots prototype, prints it, and exits 1 unless it
+// passes: no 502 or 504, every server verified, every node routing to every
+// server throughout.
+func runSlots(c rehearsal.Config, set map[string]bool, asJSON bool, stdout, stderr io.Writer) int {
+	if refused(set, stderr, "-slots swaps each server once") {
+		return 2
+	}
+	if !set["servers"] {
+		c.Servers = rehearsal.DefaultSlotsServers
+	}
+	if !set["scale"] {
+		c.Scale = 1
+	}
+	return rehearseOnce(c.ValidateSlots(), asJSON, stdout, stderr, func(ctx context.Context) outcome {
+		r, err := rehearsal.RunSlots(ctx, c)
+		o := outcome{ran: len(r.Report.Profiles) > 0, err: err, json: r.WriteJSON, table: tables(r.WriteTable, r.Report.WriteTable)}
+		if r.Verdict != "pass" {
+			o.failed = "the slots prototype did not keep every server in service without a 502 or 504"
+		}
+		return o
+	})
+}
+
+// outcome is what a rehearsal of its own kind reported: whether it ran far
+// enough to print, how it ended, its two writers, and why it failed ("" when
+// it passed).
+type outcome struct {
+	ran         bool
+	err         error
+	json, table func(io.Writer) error
+	failed      string
+}
+
+// rehearseOnce runs a rehearsal of its own kind once valid is nil: it takes
+// the machine-wide Docker lock, runs it until an interrupt, prints what it
+// reported and exits 1 when it failed.
+func rehearseOnce(valid error, asJSON bool, stdout, stderr io.Writer, run func(context.Context) outcome) int {
+	if valid != nil {
+		fmt.Fprintf(stderr, "rehearse: %v\n", valid)
 		return 2
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
@@ -206,21 +273,27 @@ func runFleet(c rehearsal.Config, set map[string]bool, asJSON bool, stdout, stde
 	if !takeDocker(ctx, stderr) {
 		return 1
 	}
-	r, err := rehearsal.RunFleet(ctx, c)
-	write := pick(asJSON, r.WriteJSON, func(w io.Writer) error {
-		if err := r.WriteTable(w); err != nil {
-			return err
-		}
-		return r.Report.WriteTable(w)
-	})
-	if code := printed(len(r.Rows) > 0, err, stdout, stderr, write); code != 0 {
+	o := run(ctx)
+	if code := printed(o.ran, o.err, stdout, stderr, pick(asJSON, o.json, o.table)); code != 0 {
 		return code
 	}
-	if r.Failed() {
-		fmt.Fprintln(stderr, "rehearse: FAILED: a fleet scenario did not show what it must")
+	if o.failed != "" {
+		fmt.Fprintln(stderr, "rehearse: FAILED: "+o.failed)
 		return 1
 	}
 	return 0
+}
+
+// tables writes each table in turn.
+func tables(ws ...func(io.Writer) error) func(io.Writer) error {
+	return func(w io.Writer) error {
+		for _, write := range ws {
+			if err := write(w); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
 }
 
 // takeDocker takes the machine-wide lock the Docker-driven test suites

@@ -45,7 +45,12 @@ func TestRunRefusesBadInputBeforeTouchingAnything(t *testing.T) {
 		{"fleet with every server at once", []string{"-fleet", "-servers", "2", "-max-unavailable", "2"},
 			[]string{"maxUnavailable 2 must be below servers 2"}},
 		{"fleet at a scale with no room for the crash", []string{"-fleet", "-scale", "0.2"}, []string{"no crash fits between"}},
-		{"fleet and transition", []string{"-fleet", "-transition"}, []string{"two rehearsals; run one at a time"}},
+		{"fleet and transition", []string{"-fleet", "-transition"}, []string{"each a rehearsal of its own; run one at a time"}},
+		{"slots and fleet", []string{"-slots", "-fleet"}, []string{"each a rehearsal of its own; run one at a time"}},
+		{"slots with what it does not take", []string{"-slots", "-deploys", "2", "-ssh"},
+			[]string{"-slots swaps each server once; it does not take -deploys, -ssh"}},
+		{"slots without a server after the canary", []string{"-slots", "-servers", "1", "-rate", "0"},
+			[]string{"Servers 1: the slots prototype needs a canary and at least one server after it", "Rate 0"}},
 		{"the lagging rows with too thin a load", []string{"-matrix", "-servers", "6", "-rate", "100"},
 			[]string{"evidence drain needs 10 requests per server", "100 requests/s over 6 servers bring 3.3: raise Rate to 300"}},
 	}
@@ -79,7 +84,7 @@ func TestHelpExitsZeroWithTheRehearsalsFlags(t *testing.T) {
 	assert.Equal(t, 0, run([]string{"-h"}, &stdout, &stderr))
 	assert.Empty(t, stderr.String())
 	assert.Equal(t, []string{"deploys", "fleet", "haproxy", "json", "matrix", "max-unavailable", "nodes", "path",
-		"profiles", "rate", "repo", "scale", "servers", "ssh", "transition", "workdir"}, cmdflag.Listed(stdout.String()))
+		"profiles", "rate", "repo", "scale", "servers", "slots", "ssh", "transition", "workdir"}, cmdflag.Listed(stdout.String()))
 }
 
 // childArgs, when set in the environment, makes this test binary the
