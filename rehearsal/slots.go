@@ -16,6 +16,7 @@ import (
 
 	"golang.org/x/sync/errgroup"
 
+	"github.com/mythex/infra/hooks"
 	"github.com/mythex/infra/infra"
 )
 
@@ -28,11 +29,32 @@ import (
 // handshake as it does today. The rollout is a canary, then every other
 // server at once: nothing leaves service, so nothing limits a batch.
 const (
-	// SlotsSwap is the prototype's one scenario.
+	// SlotsSwap swaps a good release in on every server.
 	SlotsSwap = "slots-swap"
+	// SlotsNeverHealthy swaps in a release whose api never becomes
+	// healthy; SlotsCrashes one whose api starts healthy and crashes a
+	// moment later. The canary must catch each in its idle slot, whose
+	// containers then go: the live slot never left.
+	SlotsNeverHealthy = "slots-never-healthy"
+	SlotsCrashes      = "slots-crashes"
 	// DefaultSlotsServers is the fleet the slots design's time goal names.
 	DefaultSlotsServers = 4
 )
+
+// slotsCase is one scenario of the prototype.
+type slotsCase struct {
+	name     string
+	fault    hooks.Fault
+	expected string
+}
+
+func slotsCases() []slotsCase {
+	return []slotsCase{
+		{SlotsSwap, "", "no 502, no 504, every server swapped onto the release and verified, every node routing to every server throughout, every old slot's containers exiting 0"},
+		{SlotsNeverHealthy, hooks.FaultNeverHealthy, "the canary's idle slot fails its deploy (api never healthy) and is removed, no other server touched; no 502, no 504, every server verified on the old release, every node routing to every server throughout"},
+		{SlotsCrashes, hooks.FaultCrashes, "the canary's idle slot fails its deploy (api crashed once) and is removed, no other server touched; no 502, no 504, every server verified on the old release, every node routing to every server throughout"},
+	}
+}
 
 // SlotSwap is one server's swap as the prototype measured it.
 type SlotSwap struct {
@@ -57,10 +79,28 @@ type SlotSwap struct {
 	OverlapMiB float64 `json:"overlap_mib"`
 }
 
-// SlotsReport is the prototype's measurement.
+// SlotsReport is the prototype: a row per scenario.
 type SlotsReport struct {
-	Date    string `json:"date"`
-	Servers int    `json:"servers"`
+	Date    string     `json:"date"`
+	Servers int        `json:"servers"`
+	Rows    []SlotsRow `json:"rows"`
+	Report  Report     `json:"report"`
+}
+
+// Failed reports whether any scenario did not pass.
+func (r SlotsReport) Failed() bool {
+	for _, row := range r.Rows {
+		if row.Verdict != "pass" {
+			return true
+		}
+	}
+	return len(r.Rows) == 0
+}
+
+// SlotsRow is one scenario as measured.
+type SlotsRow struct {
+	Scenario string `json:"scenario"`
+	Expected string `json:"expected"`
 	// IdleDownSeconds is how long after the balancer nodes started every
 	// node had every idle slot down: the load starts only then.
 	IdleDownSeconds float64 `json:"idle_down_s"`
@@ -81,7 +121,6 @@ type SlotsReport struct {
 	Observed    string    `json:"observed"`
 	Verdict     string    `json:"verdict"`
 	Error       string    `json:"error,omitempty"`
-	Report      Report    `json:"report"`
 }
 
 // slotsStep is where the prototype's steps leave what they measured.
@@ -91,17 +130,32 @@ type slotsStep struct {
 	swaps    []SlotSwap
 	capacity []NodeLow
 	loads    []float64
+	// swapErr is how the swaps ended: a broken release's canary fails.
+	swapErr error
 }
 
 // ValidateSlots reports every reason c cannot run the prototype.
 func (c Config) ValidateSlots() error {
-	_, _, err := c.slots(&slotsStep{})
+	_, _, _, err := c.slots()
 	return err
 }
 
-func (c Config) slots(st *slotsStep) (Config, Profile, error) {
-	c.Profiles, c.Deploys = []string{ProfileProd}, 1
+// slots is c as the prototype runs it and its profile: prod's timing with
+// nodes the servers cannot tell apart (the fixed drain), or, with
+// c.Profiles [evidence], nodes each naming itself as an ALB node does by its
+// address, so the old slot's drain may end on evidence; that profile's load
+// runs steady, so the evidence drain has its QuietRequests.
+func (c Config) slots() (Config, []Profile, map[string]*slotsStep, error) {
 	var errs []error
+	name := ProfileProd
+	switch {
+	case len(c.Profiles) == 0:
+	case len(c.Profiles) == 1 && (c.Profiles[0] == ProfileProd || c.Profiles[0] == ProfileEvidence):
+		name = c.Profiles[0]
+	default:
+		errs = append(errs, fieldErr("Profiles", "%q: the slots prototype runs one profile, %s or %s", c.Profiles, ProfileProd, ProfileEvidence))
+	}
+	c.Profiles, c.Deploys = []string{name}, 1
 	if err := c.Validate(); err != nil {
 		errs = append(errs, err)
 	}
@@ -111,47 +165,61 @@ func (c Config) slots(st *slotsStep) (Config, Profile, error) {
 	if c.Servers < 2 {
 		errs = append(errs, fieldErr("Servers", "%d: the slots prototype needs a canary and at least one server after it", c.Servers))
 	}
-	profiles, err := Profiles(c.Scale, ProfileProd)
+	profiles, err := Profiles(c.Scale, name)
 	if err != nil {
 		errs = append(errs, err)
 	}
-	if err := errors.Join(errs...); err != nil {
-		return c, Profile{}, err
+	var delay time.Duration
+	if len(profiles) > 0 {
+		if delay, err = crashAfter(profiles[0].Timing); err != nil {
+			errs = append(errs, err)
+		}
 	}
-	p := profiles[0]
-	p.Name = SlotsSwap
-	p.slots = true
-	p.steps = slotsSteps(st)
-	return c, p, nil
+	if err := errors.Join(errs...); err != nil {
+		return c, nil, nil, err
+	}
+	var out []Profile
+	steps := map[string]*slotsStep{}
+	for _, sc := range slotsCases() {
+		p := profiles[0]
+		p.Name = sc.name
+		if name == ProfileEvidence {
+			p.steady = true
+		}
+		p.slots = true
+		steps[sc.name] = &slotsStep{}
+		p.steps = sc.steps(delay, steps[sc.name])
+		out = append(out, p)
+	}
+	return c, out, steps, nil
 }
 
-// RunSlots runs the slots prototype once with c's servers, rate and scale,
-// and judges it: no 502 or 504, every server on the new release and
-// verified, every node routing to every server throughout. Its times are
-// measured, not judged.
+// RunSlots runs the slots prototype's scenarios one after the other, on
+// fresh servers and nodes, with c's servers, rate and scale, and judges
+// each: no 502 or 504, every node routing to every server throughout, the
+// good release on every server, each broken one caught in the canary's
+// idle slot. Its times are measured, not judged.
 func RunSlots(ctx context.Context, c Config) (SlotsReport, error) {
-	st := &slotsStep{}
-	c, p, err := c.slots(st)
+	c, profiles, steps, err := c.slots()
 	if err != nil {
 		return SlotsReport{}, err
 	}
-	t := p.Timing
-	rep := SlotsReport{
-		Date: time.Now().UTC().Format("2006-01-02"), Servers: c.Servers, Verdict: "FAIL",
-		SlotDeployMinSeconds: t.SlotDeployMin().Seconds(),
-		GoalSeconds:          2.5 * t.SlotDeployMin().Seconds(),
-	}
-	r, runErrs := c.run(ctx, []Profile{p}, false)
+	rep := SlotsReport{Date: time.Now().UTC().Format("2006-01-02"), Servers: c.Servers}
+	r, runErrs := c.run(ctx, profiles, true)
 	rep.Report = r
-	rep.RolloutSeconds, rep.BatchSeconds, rep.Swaps = st.seconds, st.batches, st.swaps
-	rep.Capacity, rep.LoadAverage = st.capacity, st.loads
-	if len(r.Profiles) > 0 {
-		rep.IdleDownSeconds = r.Profiles[0].IdleDownSeconds
+	for i, sc := range slotsCases() {
+		var pr *ProfileReport
+		if i < len(r.Profiles) {
+			pr = &r.Profiles[i]
+		}
+		var runErr error
+		for _, e := range runErrs {
+			if strings.HasPrefix(e.Error(), "profile "+sc.name+":") {
+				runErr = e
+			}
+		}
+		rep.Rows = append(rep.Rows, sc.judge(pr, runErr, steps[sc.name], profiles[i].Timing, c.Servers))
 	}
-	if err := errors.Join(runErrs...); err != nil {
-		rep.Error = err.Error()
-	}
-	rep.judge(t)
 	if ctx.Err() != nil {
 		return rep, ctx.Err()
 	}
@@ -161,42 +229,57 @@ func RunSlots(ctx context.Context, c Config) (SlotsReport, error) {
 	return rep, nil
 }
 
-// judge fills the observation and the verdict.
-func (r *SlotsReport) judge(t infra.Timing) {
-	if len(r.Report.Profiles) == 0 || len(r.Report.Profiles[0].Deploys) == 0 {
-		r.Observed = "did not run"
-		return
+// judge says whether the scenario showed what it must.
+func (sc slotsCase) judge(pr *ProfileReport, runErr error, st *slotsStep, t infra.Timing, k int) SlotsRow {
+	row := SlotsRow{Scenario: sc.name, Expected: sc.expected, Verdict: "FAIL",
+		SlotDeployMinSeconds: t.SlotDeployMin().Seconds(), GoalSeconds: 2.5 * t.SlotDeployMin().Seconds(),
+		RolloutSeconds: st.seconds, BatchSeconds: st.batches, Swaps: st.swaps, Capacity: st.capacity, LoadAverage: st.loads}
+	if runErr != nil {
+		row.Error = runErr.Error()
 	}
-	dr := r.Report.Profiles[0].Deploys[0]
+	if pr == nil || len(pr.Deploys) == 0 {
+		row.Observed = "did not run"
+		return row
+	}
+	row.IdleDownSeconds = pr.IdleDownSeconds
+	dr := pr.Deploys[0]
 	obs := []string{fmt.Sprintf("%d 502, %d 504 in %d requests; verified %s on %s", dr.BadGateway, dr.Timeout, dr.Requests, yesNo(dr.Verified), dr.Version)}
-	ok := r.Error == "" && dr.ReachedNothing() == 0 && dr.Verified && len(r.Swaps) == r.Servers
-	if r.RolloutSeconds > 0 {
-		obs = append(obs, fmt.Sprintf("rollout %.1fs (goal %.1fs, %.2f× SlotDeployMin %.0fs); batches %s",
-			r.RolloutSeconds, r.GoalSeconds, r.RolloutSeconds/r.SlotDeployMinSeconds, r.SlotDeployMinSeconds, joinSeconds(r.BatchSeconds)))
+	ok := runErr == nil && dr.ReachedNothing() == 0 && dr.Verified
+	if sc.fault == "" {
+		ok = ok && st.swapErr == nil && len(st.swaps) == k
+		if row.RolloutSeconds > 0 {
+			obs = append(obs, fmt.Sprintf("rollout %.1fs (goal %.1fs, %.2f× SlotDeployMin %.0fs); batches %s",
+				row.RolloutSeconds, row.GoalSeconds, row.RolloutSeconds/row.SlotDeployMinSeconds, row.SlotDeployMinSeconds, joinSeconds(row.BatchSeconds)))
+		}
+	} else {
+		caught := st.swapErr != nil && len(st.swaps) == 1
+		ok = ok && caught
+		obs = append(obs, fmt.Sprintf("the canary's idle slot failed: %s; %d of %d servers touched; %.1fs", yesNo(st.swapErr != nil), len(st.swaps), k, row.RolloutSeconds))
 	}
-	if line := capacityLine(r.Capacity); line != "" {
-		obs = append(obs, line+fmt.Sprintf(", all %d required", r.Servers))
+	if line := capacityLine(row.Capacity); line != "" {
+		obs = append(obs, line+fmt.Sprintf(", all %d required", k))
 	}
-	if short := capacityShort(r.Capacity, r.Servers); short != "" {
+	if short := capacityShort(row.Capacity, k); short != "" {
 		obs = append(obs, short)
 		ok = false
 	}
-	for _, s := range r.Swaps {
+	for _, s := range row.Swaps {
 		for svc, code := range s.Exits {
 			if code != 0 {
 				obs = append(obs, fmt.Sprintf("%s: the old slot's %s exited %d", s.Server, svc, code))
 				ok = false
 			}
 		}
-		if s.AdmittedSeconds < 0 {
+		if sc.fault == "" && s.AdmittedSeconds < 0 {
 			obs = append(obs, s.Server+": a node never routed to the new slot")
 			ok = false
 		}
 	}
-	r.Observed = strings.Join(obs, "; ")
+	row.Observed = strings.Join(obs, "; ")
 	if ok {
-		r.Verdict = "pass"
+		row.Verdict = "pass"
 	}
+	return row
 }
 
 func joinSeconds(ss []float64) string {
@@ -207,15 +290,25 @@ func joinSeconds(ss []float64) string {
 	return strings.Join(out, " + ")
 }
 
-// slotsSteps swaps every server onto a new release: the canary, then every
-// other server at once.
-func slotsSteps(st *slotsStep) func(context.Context, *fleet) ([]DeployReport, error) {
+// steps swaps every server onto the scenario's release: the canary, then
+// every other server at once. A broken release must fail in the canary's
+// idle slot, whose containers then go; nothing else is touched.
+func (sc slotsCase) steps(delay time.Duration, st *slotsStep) func(context.Context, *fleet) ([]DeployReport, error) {
 	return func(ctx context.Context, f *fleet) ([]DeployReport, error) {
 		t := f.p.Timing
 		version := f.id + "-" + f.p.Name
 		dr := DeployReport{Deploy: 1, Version: version, ServerDeployMin: t.SlotDeployMin().Seconds(),
 			Step: "slot swap: the canary, then every other server at once"}
-		if err := f.img.tag(ctx, version); err != nil {
+		var err error
+		if sc.fault == "" {
+			err = f.img.tag(ctx, version)
+		} else {
+			err = f.img.broken(ctx, version, sc.fault, delay)
+			// What every server must run when the scenario is done.
+			dr.Version = f.version
+			dr.Step = fmt.Sprintf("slot swap of %s (api %s), caught on the canary", version, sc.fault)
+		}
+		if err != nil {
 			return []DeployReport{dr}, err
 		}
 		names := map[string]string{}
@@ -232,50 +325,81 @@ func slotsSteps(st *slotsStep) func(context.Context, *fleet) ([]DeployReport, er
 			rest = append(rest, i)
 		}
 		batches = append(batches, rest)
-		err := observe(ctx, &dr, live, f.lbs, f.load, t, false, func() error {
+		err = observe(ctx, &dr, live, f.lbs, f.load, t, false, func() error {
 			start := time.Now()
 			defer func() {
 				st.seconds = time.Since(start).Seconds()
 				st.capacity = FewestIn(f.lbs, names, start)
 			}()
-			for b, batch := range batches {
-				bstart := time.Now()
-				swaps := make([]SlotSwap, len(batch))
-				g, gctx := errgroup.WithContext(ctx)
-				for j, i := range batch {
-					g.Go(func() error {
-						var err error
-						swaps[j], err = swap(gctx, f, i, version, t)
-						swaps[j].Batch = b + 1
-						return err
-					})
-				}
-				err := g.Wait()
-				st.batches = append(st.batches, time.Since(bstart).Seconds())
-				st.swaps = append(st.swaps, swaps...)
-				st.loads = append(st.loads, loadAverage())
-				for _, i := range batch {
-					f.servers[i], f.idle[i] = f.idle[i], f.servers[i]
-					live[i] = f.servers[i]
-				}
-				if err != nil {
-					return err
-				}
+			st.swapErr = swapBatches(ctx, f, batches, version, t, st, live)
+			if sc.fault == "" {
+				return st.swapErr
 			}
-			return nil
+			if st.swapErr == nil {
+				return fmt.Errorf("the swap of %s, whose api %s, succeeded", version, sc.fault)
+			}
+			// The canary's idle slot goes; its live slot never left.
+			return removeSlot(ctx, f.idle[0], t)
 		})
 		dr.HookSeconds, dr.ServerSeconds = nil, nil
 		for _, s := range st.swaps {
 			dr.HookSeconds = append(dr.HookSeconds, s.HookSeconds)
 			dr.ServerSeconds = append(dr.ServerSeconds, s.Seconds)
 		}
-		if err == nil {
+		if err == nil && sc.fault == "" {
 			f.version = version
 		}
-		f.c.logf("%s: %d requests, %d 2xx, %d 502, %d 503, %d 504, %d client errors; rollout %.2fs",
+		f.c.logf("%s: %d requests, %d 2xx, %d 502, %d 503, %d 504, %d client errors; %.2fs",
 			f.p.Name, dr.Requests, dr.OK, dr.BadGateway, dr.Unavailable, dr.Timeout, dr.ClientErrors, st.seconds)
 		return []DeployReport{dr}, err
 	}
+}
+
+// swapBatches swaps each batch's servers side by side, one batch after the
+// other, and stops at the first batch with a failed swap. A server that
+// swapped becomes its new slot in f and live.
+func swapBatches(ctx context.Context, f *fleet, batches [][]int, version string, t infra.Timing, st *slotsStep, live []*server) error {
+	for b, batch := range batches {
+		bstart := time.Now()
+		swaps := make([]SlotSwap, len(batch))
+		done := make([]bool, len(batch))
+		g, gctx := errgroup.WithContext(ctx)
+		for j, i := range batch {
+			g.Go(func() error {
+				var err error
+				swaps[j], err = swap(gctx, f, i, version, t)
+				swaps[j].Batch = b + 1
+				done[j] = err == nil
+				return err
+			})
+		}
+		err := g.Wait()
+		st.batches = append(st.batches, time.Since(bstart).Seconds())
+		st.swaps = append(st.swaps, swaps...)
+		st.loads = append(st.loads, loadAverage())
+		for j, i := range batch {
+			if done[j] {
+				f.servers[i], f.idle[i] = f.idle[i], f.servers[i]
+				live[i] = f.servers[i]
+			}
+		}
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// removeSlot stops and removes a slot's containers, as the slots design
+// drops an idle slot whose release failed before the handover: no node
+// routes to it.
+func removeSlot(ctx context.Context, s *server, t infra.Timing) error {
+	dctx, cancel := context.WithTimeout(ctx, t.StopGracePeriod+t.EngineWork)
+	defer cancel()
+	if out, err := exec.CommandContext(dctx, "docker", "compose", "-p", s.Project, "down").CombinedOutput(); err != nil {
+		return fmt.Errorf("remove the failed slot %s: %w\n%s", s.Project, err, tail(out, 2000))
+	}
+	return nil
 }
 
 // swap moves server i onto version: today's deploy hook in its idle slot,
@@ -285,10 +409,13 @@ func swap(ctx context.Context, f *fleet, i int, version string, t infra.Timing) 
 	old, next := f.servers[i], f.idle[i]
 	sw := SlotSwap{Server: old.name, AdmittedSeconds: -1}
 	start := time.Now()
-	if err := next.hook(ctx, "deploy", version); err != nil {
+	err := next.hook(ctx, "deploy", version)
+	sw.HookSeconds = time.Since(start).Seconds()
+	if err != nil {
+		// The live slot never left: nothing to hand back.
+		sw.Seconds = sw.HookSeconds
 		return sw, err
 	}
-	sw.HookSeconds = time.Since(start).Seconds()
 	mem := make(chan float64, 1)
 	go func() { mem <- overlapMiB(ctx, old.Project, next.Project) }()
 	// The handover: the old slot's containers get SIGTERM; its api
@@ -302,7 +429,6 @@ func swap(ctx context.Context, f *fleet, i int, version string, t infra.Timing) 
 	sw.StopSeconds = time.Since(stopStart).Seconds()
 	sw.Seconds = time.Since(start).Seconds()
 	sw.OverlapMiB = <-mem
-	var err error
 	if sw.Exits, err = exitCodes(ctx, old.Project); err != nil {
 		return sw, err
 	}
@@ -411,36 +537,53 @@ func loadAverage() float64 {
 	return n
 }
 
-// WriteTable writes the prototype's measurement as text.
+// WriteTable writes the prototype as text: a row per scenario, then each
+// scenario's swaps.
 func (r SlotsReport) WriteTable(w io.Writer) error {
 	var b strings.Builder
 	fmt.Fprintf(&b, "Slots prototype, %s: %d servers of two slots each, a canary then every other server at once, up to %d requests/s, every duration × %g, %s.\n",
 		r.Date, r.Servers, r.Report.Rate, r.Report.Scale, r.Report.Balancer)
-	fmt.Fprintf(&b, "every idle slot down on every node %.1fs after the nodes started\n", r.IdleDownSeconds)
-	fmt.Fprintf(&b, "%s: %s\n", r.Verdict, r.Observed)
-	if r.Error != "" {
-		fmt.Fprintf(&b, "stopped: %s\n", firstLine(r.Error))
-	}
 	tw := tabwriter.NewWriter(&b, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "server\tbatch\thook s\tadmitted s\tstop s\tswap s\t× SlotDeployMin\toverlap MiB\told slot's exits")
-	for _, s := range r.Swaps {
-		var exits []string
-		for svc, code := range s.Exits {
-			exits = append(exits, fmt.Sprintf("%s %d", svc, code))
-		}
-		slices.Sort(exits)
-		fmt.Fprintf(tw, "%s\t%d\t%.1f\t%.1f\t%.1f\t%.1f\t%.2f\t%.0f\t%s\n", s.Server, s.Batch, s.HookSeconds, s.AdmittedSeconds,
-			s.StopSeconds, s.Seconds, s.Seconds/r.SlotDeployMinSeconds, s.OverlapMiB, strings.Join(exits, ", "))
+	fmt.Fprintln(tw, "scenario\texpected\tobserved\tverdict")
+	for _, row := range r.Rows {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", row.Scenario, row.Expected, row.Observed, row.Verdict)
 	}
 	if err := tw.Flush(); err != nil {
 		return fmt.Errorf("write slots report: %w", err)
 	}
-	if len(r.LoadAverage) > 0 {
-		var loads []string
-		for _, l := range r.LoadAverage {
-			loads = append(loads, fmt.Sprintf("%.1f", l))
+	for _, row := range r.Rows {
+		if row.Error != "" {
+			fmt.Fprintf(&b, "  %s stopped: %s\n", row.Scenario, firstLine(row.Error))
 		}
-		fmt.Fprintf(&b, "load average (1 min) at each batch's end: %s\n", strings.Join(loads, ", "))
+		if len(row.Swaps) == 0 {
+			continue
+		}
+		fmt.Fprintf(&b, "%s: every idle slot down on every node %.1fs after the nodes started; the swaps:\n", row.Scenario, row.IdleDownSeconds)
+		tw := tabwriter.NewWriter(&b, 0, 0, 2, ' ', 0)
+		fmt.Fprintln(tw, "  server\tbatch\thook s\tadmitted s\tstop s\tswap s\t× SlotDeployMin\toverlap MiB\told slot's exits")
+		for _, s := range row.Swaps {
+			if s.Exits == nil {
+				fmt.Fprintf(tw, "  %s\t%d\t%.1f, failed\t–\t–\t%.1f\t–\t–\tthe live slot never left\n", s.Server, s.Batch, s.HookSeconds, s.Seconds)
+				continue
+			}
+			var exits []string
+			for svc, code := range s.Exits {
+				exits = append(exits, fmt.Sprintf("%s %d", svc, code))
+			}
+			slices.Sort(exits)
+			fmt.Fprintf(tw, "  %s\t%d\t%.1f\t%.1f\t%.1f\t%.1f\t%.2f\t%.0f\t%s\n", s.Server, s.Batch, s.HookSeconds, s.AdmittedSeconds,
+				s.StopSeconds, s.Seconds, s.Seconds/row.SlotDeployMinSeconds, s.OverlapMiB, strings.Join(exits, ", "))
+		}
+		if err := tw.Flush(); err != nil {
+			return fmt.Errorf("write slots report: %w", err)
+		}
+		if len(row.LoadAverage) > 0 {
+			var loads []string
+			for _, l := range row.LoadAverage {
+				loads = append(loads, fmt.Sprintf("%.1f", l))
+			}
+			fmt.Fprintf(&b, "  load average (1 min) at each batch's end: %s\n", strings.Join(loads, ", "))
+		}
 	}
 	if _, err := io.WriteString(w, b.String()); err != nil {
 		return fmt.Errorf("write slots report: %w", err)

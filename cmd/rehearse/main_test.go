@@ -49,6 +49,7 @@ func TestRunRefusesBadInputBeforeTouchingAnything(t *testing.T) {
 		{"slots and fleet", []string{"-slots", "-fleet"}, []string{"each a rehearsal of its own; run one at a time"}},
 		{"slots with what it does not take", []string{"-slots", "-deploys", "2", "-ssh"},
 			[]string{"-slots swaps each server once; it does not take -deploys, -ssh"}},
+		{"slots with the article's profile", []string{"-slots", "-profiles", "before"}, []string{"the slots prototype runs one profile, prod or evidence"}},
 		{"slots without a server after the canary", []string{"-slots", "-servers", "1", "-rate", "0"},
 			[]string{"Servers 1: the slots prototype needs a canary and at least one server after it", "Rate 0"}},
 		{"the lagging rows with too thin a load", []string{"-matrix", "-servers", "6", "-rate", "100"},
