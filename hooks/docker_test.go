@@ -137,6 +137,11 @@ func TestDeployReplacesAllFour(t *testing.T) {
 			`\S+s \((`+regexp.QuoteMeta(drain.ReasonUnwatched)+`|`+regexp.QuoteMeta(drain.ReasonDrainElapsed)+`)\)`, res.stdout)
 	}
 	assert.Contains(t, res.stdout, "verified: api orchestrator gateway publish-worker")
+	// The old containers' exits and the verification run inside the settle
+	// window, which starts once every new container is healthy: a deploy
+	// takes the window once, not the window and then its checks.
+	assert.Regexp(t, `(?s)step wait-healthy\n.*all healthy; checking the old containers and verifying while they settle\n.*step check-old-containers\n.*step verify\n.*step settle\n.*watching them stay healthy until `+
+		regexp.QuoteMeta(seconds(dockerTiming.Reentry()))+`s after they all were.*step finish\n`, res.stdout)
 	assert.GreaterOrEqual(t, took, dockerTiming.EarliestDrainEnd(), "the old containers drained before they stopped")
 	t.Logf("one server's deploy took %v (drain %v, grace %v)", took.Round(time.Millisecond), dockerTiming.Drain, dockerTiming.StopGracePeriod)
 
