@@ -82,16 +82,14 @@ func TimingInputs() []TimingInput {
 	}
 }
 
-// Per slot, in the order StackConfig.Ports gives them: the suffix of its
-// rules' and attachments' names, what an error calls it, and its rules'
-// descriptions. The first slot's are today's, so a change of design only
-// adds resources.
-var (
-	slotSuffix  = [MaxSlots]string{"app", "slot"}
-	slotWhat    = [MaxSlots]string{"the app port", "the second slot's port"}
-	slotNote    = [MaxSlots]string{"", " (second slot)"}
-	slotIngress = [MaxSlots]string{"the app port, from the ALB only", "the second slot's port, from the ALB only"}
-)
+// slotNames are each slot's, in the order StackConfig.Ports gives them:
+// the suffix of its rules' and attachments' names, and the port as the
+// rules and errors call it. The first slot's are today's, so a change of
+// design only adds resources.
+var slotNames = [MaxSlots]struct{ suffix, port string }{
+	{"app", "the app port"},
+	{"slot", "the second slot's port"},
+}
 
 // LoadBalancerArgs is everything a load balancer is built from.
 type LoadBalancerArgs struct {
@@ -229,10 +227,14 @@ func NewLoadBalancer(ctx *pulumi.Context, name string, args *LoadBalancerArgs, o
 	// the app port, and in the slots design the second slot's. Today's rules
 	// keep their names, so a change of design only adds.
 	for i, port := range s.Ports(t) {
-		suffix, what := slotSuffix[i], slotWhat[i]
+		suffix, what := slotNames[i].suffix, slotNames[i].port
+		note := ""
+		if i > 0 {
+			note = " (" + what + ")"
+		}
 		if _, err := vpc.NewSecurityGroupEgressRule(ctx, name+"-alb-out-"+suffix, &vpc.SecurityGroupEgressRuleArgs{
 			SecurityGroupId:           c.ALBSecurityGroup.ID(),
-			Description:               pulumi.String("requests and health checks to the servers" + slotNote[i]),
+			Description:               pulumi.String("requests and health checks to the servers" + note),
 			IpProtocol:                pulumi.String(protocolTCP),
 			FromPort:                  pulumi.Int(port),
 			ToPort:                    pulumi.Int(port),
@@ -243,7 +245,7 @@ func NewLoadBalancer(ctx *pulumi.Context, name string, args *LoadBalancerArgs, o
 		}
 		if _, err := vpc.NewSecurityGroupIngressRule(ctx, name+"-servers-in-"+suffix, &vpc.SecurityGroupIngressRuleArgs{
 			SecurityGroupId:           c.ServerSecurityGroup.ID(),
-			Description:               pulumi.String(slotIngress[i]),
+			Description:               pulumi.String(what + ", from the ALB only"),
 			IpProtocol:                pulumi.String(protocolTCP),
 			FromPort:                  pulumi.Int(port),
 			ToPort:                    pulumi.Int(port),
@@ -393,7 +395,7 @@ func NewLoadBalancer(ctx *pulumi.Context, name string, args *LoadBalancerArgs, o
 		for j, port := range s.Ports(t) {
 			target := name + "-target-" + id
 			if j > 0 {
-				target += "-" + slotSuffix[j]
+				target += "-" + slotNames[j].suffix
 			}
 			a, err := lb.NewTargetGroupAttachment(ctx, target, &lb.TargetGroupAttachmentArgs{
 				TargetGroupArn: c.TargetGroup.Arn,
@@ -401,7 +403,7 @@ func NewLoadBalancer(ctx *pulumi.Context, name string, args *LoadBalancerArgs, o
 				Port:           pulumi.Int(port),
 			}, child)
 			if err != nil {
-				return nil, fmt.Errorf("attach server %s on %s: %w", id, slotWhat[j], err)
+				return nil, fmt.Errorf("attach server %s on %s: %w", id, slotNames[j].port, err)
 			}
 			c.Attachments = append(c.Attachments, a)
 		}

@@ -901,7 +901,10 @@ func (t Timing) limitViolations() []Violation {
 				fmt.Sprintf("%s %d must be within 2–10", c.name, c.value)})
 		}
 	}
-	for _, c := range counts[len(counts)-2:] {
+	for _, c := range []struct {
+		name  string
+		value int
+	}{{"Slots", t.Slots}, {"RegisteredSlots", t.RegisteredSlots}} {
 		if c.value > MaxSlots {
 			vs = append(vs, Violation{RuleSlots, []string{c.name},
 				fmt.Sprintf("%s %d must be 1 (a deploy drains the server) or %d (a deploy swaps slots): no design has more", c.name, c.value, MaxSlots)})

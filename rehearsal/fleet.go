@@ -209,13 +209,7 @@ func RunFleet(ctx context.Context, c Config) (FleetReport, error) {
 		if i < len(r.Profiles) {
 			pr = &r.Profiles[i]
 		}
-		var runErr error
-		for _, e := range runErrs {
-			if strings.HasPrefix(e.Error(), "profile "+fc.name+":") {
-				runErr = e
-			}
-		}
-		rep.Rows = append(rep.Rows, fc.judge(pr, runErr, facts[fc.name], profiles[i].Timing, c.Servers, n, required))
+		rep.Rows = append(rep.Rows, fc.judge(pr, profileErr(runErrs, fc.name), facts[fc.name], profiles[i].Timing, c.Servers, n, required))
 	}
 	if ctx.Err() != nil {
 		return rep, ctx.Err()

@@ -339,20 +339,12 @@ func RunMatrix(ctx context.Context, c Config) (Matrix, error) {
 	}
 	rep, errs := c.run(ctx, profiles, true)
 	m.Report = rep
-	byName := map[string]error{}
-	for _, e := range errs {
-		for _, cs := range cases {
-			if strings.HasPrefix(e.Error(), "profile "+cs.Profile+":") {
-				byName[cs.Profile] = e
-			}
-		}
-	}
 	for i, cs := range cases {
 		var pr *ProfileReport
 		if i < len(rep.Profiles) {
 			pr = &rep.Profiles[i]
 		}
-		m.Rows = append(m.Rows, cs.judge(pr, byName[cs.Profile]))
+		m.Rows = append(m.Rows, cs.judge(pr, profileErr(errs, cs.Profile)))
 	}
 	if ctx.Err() != nil {
 		return m, ctx.Err()

@@ -191,6 +191,18 @@ func (c Config) run(ctx context.Context, profiles []Profile, keepGoing bool) (re
 	return rep, errs
 }
 
+// profileErr is the error run reported for profile name, or nil: run
+// prefixes each with "profile NAME: ".
+func profileErr(errs []error, name string) error {
+	var out error
+	for _, e := range errs {
+		if strings.HasPrefix(e.Error(), "profile "+name+":") {
+			out = e
+		}
+	}
+	return out
+}
+
 func (c Config) logf(format string, args ...any) {
 	if c.Progress != nil {
 		fmt.Fprintf(c.Progress, "rehearse: "+format+"\n", args...)
@@ -420,15 +432,15 @@ func (c Config) runProfile(ctx context.Context, p Profile, id, dir string, img *
 		stopWatch()
 		wg.Wait()
 	}()
-	for _, s := range servers {
-		if p.slots {
-			break
+	if !p.slots {
+		// A slots profile runs no watchdog: it knows one slot (Profile.slots).
+		for _, s := range servers {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				s.watch(wctx, t.WatchdogInterval)
+			}()
 		}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			s.watch(wctx, t.WatchdogInterval)
-		}()
 	}
 
 	var sp *sshPath

@@ -82,11 +82,16 @@ type Timeline struct {
 // String says where the time went: "asking 8.0s before, batches 34.1 +
 // 36.9s, 8.2s after".
 func (tl Timeline) String() string {
-	batches := make([]string, len(tl.BatchesSeconds))
-	for i, b := range tl.BatchesSeconds {
-		batches[i] = fmt.Sprintf("%.1f", b)
+	return fmt.Sprintf("asking %.1fs before, batches %ss, %.1fs after", tl.BeforeSeconds, plusSeconds(tl.BatchesSeconds), tl.AfterSeconds)
+}
+
+// plusSeconds writes durations in seconds as a sum: "34.1 + 36.9".
+func plusSeconds(ss []float64) string {
+	out := make([]string, len(ss))
+	for i, s := range ss {
+		out[i] = fmt.Sprintf("%.1f", s)
 	}
-	return fmt.Sprintf("asking %.1fs before, batches %ss, %.1fs after", tl.BeforeSeconds, strings.Join(batches, " + "), tl.AfterSeconds)
+	return strings.Join(out, " + ")
 }
 
 // timelineOf splits a run from began to ended by its servers' deploys:

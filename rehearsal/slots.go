@@ -212,13 +212,7 @@ func RunSlots(ctx context.Context, c Config) (SlotsReport, error) {
 		if i < len(r.Profiles) {
 			pr = &r.Profiles[i]
 		}
-		var runErr error
-		for _, e := range runErrs {
-			if strings.HasPrefix(e.Error(), "profile "+sc.name+":") {
-				runErr = e
-			}
-		}
-		rep.Rows = append(rep.Rows, sc.judge(pr, runErr, steps[sc.name], profiles[i].Timing, c.Servers))
+		rep.Rows = append(rep.Rows, sc.judge(pr, profileErr(runErrs, sc.name), steps[sc.name], profiles[i].Timing, c.Servers))
 	}
 	if ctx.Err() != nil {
 		return rep, ctx.Err()
@@ -248,8 +242,8 @@ func (sc slotsCase) judge(pr *ProfileReport, runErr error, st *slotsStep, t infr
 	if sc.fault == "" {
 		ok = ok && st.swapErr == nil && len(st.swaps) == k
 		if row.RolloutSeconds > 0 {
-			obs = append(obs, fmt.Sprintf("rollout %.1fs (goal %.1fs, %.2f× SlotDeployMin %.0fs); batches %s",
-				row.RolloutSeconds, row.GoalSeconds, row.RolloutSeconds/row.SlotDeployMinSeconds, row.SlotDeployMinSeconds, joinSeconds(row.BatchSeconds)))
+			obs = append(obs, fmt.Sprintf("rollout %.1fs (goal %.1fs, %.2f× SlotDeployMin %.0fs); batches %ss",
+				row.RolloutSeconds, row.GoalSeconds, row.RolloutSeconds/row.SlotDeployMinSeconds, row.SlotDeployMinSeconds, plusSeconds(row.BatchSeconds)))
 		}
 	} else {
 		caught := st.swapErr != nil && len(st.swaps) == 1
@@ -280,14 +274,6 @@ func (sc slotsCase) judge(pr *ProfileReport, runErr error, st *slotsStep, t infr
 		row.Verdict = "pass"
 	}
 	return row
-}
-
-func joinSeconds(ss []float64) string {
-	var out []string
-	for _, s := range ss {
-		out = append(out, fmt.Sprintf("%.1fs", s))
-	}
-	return strings.Join(out, " + ")
 }
 
 // steps swaps every server onto the scenario's release: the canary, then
@@ -339,7 +325,7 @@ func (sc slotsCase) steps(delay time.Duration, st *slotsStep) func(context.Conte
 				return fmt.Errorf("the swap of %s, whose api %s, succeeded", version, sc.fault)
 			}
 			// The canary's idle slot goes; its live slot never left.
-			return removeSlot(ctx, f.idle[0], t)
+			return compose(ctx, f.idle[0].Project, "down", t)
 		})
 		dr.HookSeconds, dr.ServerSeconds = nil, nil
 		for _, s := range st.swaps {
@@ -390,14 +376,14 @@ func swapBatches(ctx context.Context, f *fleet, batches [][]int, version string,
 	return nil
 }
 
-// removeSlot stops and removes a slot's containers, as the slots design
-// drops an idle slot whose release failed before the handover: no node
-// routes to it.
-func removeSlot(ctx context.Context, s *server, t infra.Timing) error {
-	dctx, cancel := context.WithTimeout(ctx, t.StopGracePeriod+t.EngineWork)
+// compose runs `docker compose -p project verb` (stop, down), bounded by
+// the longest a stop may take: the grace period and the engine's own work.
+// A broken release's idle slot goes with down: no node routes to it.
+func compose(ctx context.Context, project, verb string, t infra.Timing) error {
+	cctx, cancel := context.WithTimeout(ctx, t.StopGracePeriod+t.EngineWork)
 	defer cancel()
-	if out, err := exec.CommandContext(dctx, "docker", "compose", "-p", s.Project, "down").CombinedOutput(); err != nil {
-		return fmt.Errorf("remove the failed slot %s: %w\n%s", s.Project, err, tail(out, 2000))
+	if out, err := exec.CommandContext(cctx, "docker", "compose", "-p", project, verb).CombinedOutput(); err != nil {
+		return fmt.Errorf("docker compose -p %s %s: %w\n%s", project, verb, err, tail(out, 2000))
 	}
 	return nil
 }
@@ -417,19 +403,17 @@ func swap(ctx context.Context, f *fleet, i int, version string, t infra.Timing) 
 		return sw, err
 	}
 	mem := make(chan float64, 1)
-	go func() { mem <- overlapMiB(ctx, old.Project, next.Project) }()
+	go func() { mem <- overlapMiB(ctx, t.EngineWork, old.Project, next.Project) }()
 	// The handover: the old slot's containers get SIGTERM; its api
 	// answers 503 and drains as it does in today's deploy.
 	stopStart := time.Now()
-	sctx, cancel := context.WithTimeout(ctx, t.StopGracePeriod+t.EngineWork)
-	defer cancel()
-	if out, err := exec.CommandContext(sctx, "docker", "compose", "-p", old.Project, "stop").CombinedOutput(); err != nil {
-		return sw, fmt.Errorf("stop %s's old slot %s: %w\n%s", old.name, old.Project, err, tail(out, 2000))
+	if err := compose(ctx, old.Project, "stop", t); err != nil {
+		return sw, fmt.Errorf("stop %s's old slot: %w", old.name, err)
 	}
 	sw.StopSeconds = time.Since(stopStart).Seconds()
 	sw.Seconds = time.Since(start).Seconds()
 	sw.OverlapMiB = <-mem
-	if sw.Exits, err = exitCodes(ctx, old.Project); err != nil {
+	if sw.Exits, err = exitCodes(ctx, t.EngineWork, old.Project); err != nil {
 		return sw, err
 	}
 	sw.AdmittedSeconds = admitted(f.lbs, next.addr, start)
@@ -456,9 +440,10 @@ func admitted(lbs []*Balancer, addr string, start time.Time) float64 {
 	return last
 }
 
-// exitCodes reads the exit code of every container of project.
-func exitCodes(ctx context.Context, project string) (map[string]int, error) {
-	qctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+// exitCodes reads the exit code of every container of project, within
+// bound (the engine's own time, EngineWork).
+func exitCodes(ctx context.Context, bound time.Duration, project string) (map[string]int, error) {
+	qctx, cancel := context.WithTimeout(ctx, bound)
 	defer cancel()
 	out, err := exec.CommandContext(qctx, "docker", "ps", "-a", "--filter", "label=com.docker.compose.project="+project,
 		"--format", `{{.Label "com.docker.compose.service"}} {{.State}} {{.Status}}`).Output()
@@ -486,9 +471,10 @@ func exitCodes(ctx context.Context, project string) (map[string]int, error) {
 	return codes, nil
 }
 
-// overlapMiB is the memory of both projects' containers, read once.
-func overlapMiB(ctx context.Context, projects ...string) float64 {
-	qctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+// overlapMiB is the memory of both projects' containers, read once within
+// bound (the engine's own time, EngineWork).
+func overlapMiB(ctx context.Context, bound time.Duration, projects ...string) float64 {
+	qctx, cancel := context.WithTimeout(ctx, bound)
 	defer cancel()
 	args := []string{"stats", "--no-stream", "--format", "{{.Name}} {{.MemUsage}}"}
 	out, err := exec.CommandContext(qctx, "docker", args...).Output()

@@ -116,7 +116,7 @@ func TestSlotsJudge(t *testing.T) {
 		has  string
 	}{
 		{"every server swapped", swap, good, slotsStep{seconds: 30, batches: []float64{15, 15}, swaps: swapped, capacity: full}, true,
-			"rollout 30.0s (goal 25.0s, 3.00× SlotDeployMin 10s); batches 15.0s + 15.0s; capacity: every node routed to at least 2 of 2 servers"},
+			"rollout 30.0s (goal 25.0s, 3.00× SlotDeployMin 10s); batches 15.0 + 15.0s; capacity: every node routed to at least 2 of 2 servers"},
 		{"a node down to one server", swap, good, slotsStep{swaps: swapped, capacity: []NodeLow{full[0], {Node: "lb2", Fewest: 1, Servers: 2, Out: []string{"s1"}}}}, false,
 			"CAPACITY BELOW 2: lb2 routed to 1 of 2 servers"},
 		{"an old slot killed", swap, good, slotsStep{swaps: []SlotSwap{swapped[0], {Server: "s2", Batch: 2, AdmittedSeconds: 3, Exits: map[string]int{"api": 137}}}, capacity: full}, false,

@@ -339,13 +339,7 @@ func runTransition(ctx context.Context, c Config, old, new infra.Timing) (Transi
 		if i < len(r.Profiles) {
 			pr = &r.Profiles[i]
 		}
-		var runErr error
-		for _, e := range runErrs {
-			if strings.HasPrefix(e.Error(), "profile "+orderProfiles[o]+":") {
-				runErr = e
-			}
-		}
-		rep.Orders = append(rep.Orders, tc.judge(o, pr, runErr))
+		rep.Orders = append(rep.Orders, tc.judge(o, pr, profileErr(runErrs, orderProfiles[o])))
 	}
 	if ctx.Err() != nil {
 		return rep, ctx.Err()

@@ -45,6 +45,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 
@@ -232,12 +233,10 @@ func count(bs ...bool) int {
 func runSlots(c rehearsal.Config, set map[string]bool, asJSON bool, stdout, stderr io.Writer) int {
 	// -profiles picks the nodes: prod's, or evidence's, which the servers
 	// tell apart.
-	profiles := set["profiles"]
-	delete(set, "profiles")
-	if refused(set, stderr, "-slots swaps each server once") {
+	if refused(set, stderr, "-slots swaps each server once", "profiles") {
 		return 2
 	}
-	if !profiles {
+	if !set["profiles"] {
 		c.Profiles = nil
 	}
 	if !set["servers"] {
@@ -319,11 +318,11 @@ func takeDocker(ctx context.Context, stderr io.Writer) bool {
 }
 
 // refused reports, for a rehearsal that runs without them, each of -matrix,
-// -profiles, -deploys and -ssh that was set.
-func refused(set map[string]bool, stderr io.Writer, why string) bool {
+// -profiles, -deploys and -ssh that was set, but those it takes.
+func refused(set map[string]bool, stderr io.Writer, why string, takes ...string) bool {
 	var clash []string
 	for _, name := range []string{"matrix", "profiles", "deploys", "ssh"} {
-		if set[name] {
+		if set[name] && !slices.Contains(takes, name) {
 			clash = append(clash, "-"+name)
 		}
 	}
